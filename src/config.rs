@@ -1,0 +1,205 @@
+//! Store settings and the builder that opens a store with them.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::key::MAX_KEY_LEN;
+use crate::store::Store;
+
+/// How a write call's commit reaches the disk before the call returns.
+///
+/// Both settings make every acknowledged write survive a process crash and a power loss; they
+/// differ in the cost of a commit and of the first open after a crash. See the README,
+/// "Guarantees", for measured figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// One-phase commit with checksums: one `fdatasync` per commit. After a crash the next
+    /// open verifies and repairs the whole file, which takes time proportional to its size.
+    /// The default.
+    #[default]
+    Immediate,
+    /// Two-phase commit with redb's quick repair: two `fdatasync`s per commit and a copy of the
+    /// allocator state in each, so the first open after a crash is instant regardless of file
+    /// size. Two-phase commit also resists a torn commit forged by someone who controls both
+    /// the bytes written and the moment of the crash.
+    QuickRepair,
+}
+
+/// Settings for opening a [`Store`]. Every setter states its default.
+///
+/// ```
+/// use idempotency_store::{Durability, Store};
+/// use std::time::Duration;
+///
+/// let store = Store::builder()
+///     .retention(Duration::from_secs(3600))
+///     .lease(Duration::from_secs(30))
+///     .durability(Durability::QuickRepair)
+///     .open_in_memory()?;
+/// # Ok::<(), idempotency_store::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Builder {
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) durability: Durability,
+    pub(crate) max_key_len: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) cache_size: usize,
+    pub(crate) max_batch: usize,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(60),
+            durability: Durability::Immediate,
+            max_key_len: MAX_KEY_LEN,
+            max_response_bytes: 1 << 20,
+            cache_size: 16 << 20,
+            max_batch: 128,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("retention", &self.retention)
+            .field("lease", &self.lease)
+            .field("durability", &self.durability)
+            .field("max_key_len", &self.max_key_len)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("cache_size", &self.cache_size)
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Builder {
+    /// A builder with every setting at its default.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a completed record replays, counted from its completion. An in-progress record
+    /// is kept until `retention` after its first claim (or its lease, if later), so a takeover
+    /// still sees the attempt count and checkpoint. Defaults to 24 hours.
+    pub fn retention(&mut self, retention: Duration) -> &mut Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long a claim holds the key before another caller may take it over (the holder may
+    /// have crashed). Extend it with [`Store::heartbeat`]. Defaults to 60 seconds.
+    pub fn lease(&mut self, lease: Duration) -> &mut Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How commits reach the disk. Defaults to [`Durability::Immediate`].
+    pub fn durability(&mut self, durability: Durability) -> &mut Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The longest key (and scope) accepted, in bytes, at most 255. Defaults to 255.
+    pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// The largest response (body plus header names and values) or checkpoint accepted, in
+    /// bytes. Defaults to 1 MiB.
+    pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// redb's page cache, in bytes. redb's own default (1 GiB) suits a database server, not an
+    /// edge device; the hot part of an idempotency store (recent keys) is small. Defaults to
+    /// 16 MiB.
+    pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
+        self.cache_size = bytes;
+        self
+    }
+
+    /// The most write calls that share one commit (group commit). 1 turns group commit off:
+    /// every call then pays its own commit. Defaults to 128.
+    pub fn max_batch(&mut self, calls: usize) -> &mut Self {
+        self.max_batch = calls;
+        self
+    }
+
+    /// The time source. Defaults to [`SystemClock`].
+    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens the store file at `path`, creating it if it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyOpen`] if the file is open elsewhere, [`Error::NotAStore`] if it holds
+    /// something else, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
+    /// [`Error::InvalidConfig`] for an out-of-range setting.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
+        self.validate()?;
+        let db = self.redb().create(path.as_ref())?;
+        Store::init(db, self.clone(), Some(path.as_ref().to_path_buf()))
+    }
+
+    /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an out-of-range setting.
+    pub fn open_in_memory(&self) -> Result<Store> {
+        self.open_with_backend(redb::backends::InMemoryBackend::new())
+    }
+
+    /// Opens a store on a custom redb storage backend (for example one that injects faults in
+    /// tests, or encrypts pages).
+    ///
+    /// # Errors
+    /// As for [`Builder::open`].
+    pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
+        self.validate()?;
+        let db = self.redb().create_with_backend(backend)?;
+        Store::init(db, self.clone(), None)
+    }
+
+    fn redb(&self) -> redb::Builder {
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(self.cache_size);
+        builder
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |reason: &str| {
+            Err(Error::InvalidConfig {
+                reason: reason.to_owned(),
+            })
+        };
+        if self.retention.is_zero() {
+            return bad("retention must be longer than zero");
+        }
+        if self.lease.is_zero() {
+            return bad("lease must be longer than zero");
+        }
+        if !(1..=MAX_KEY_LEN).contains(&self.max_key_len) {
+            return bad("max_key_len must be between 1 and 255");
+        }
+        if self.max_batch == 0 {
+            return bad("max_batch must be at least 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! The one error type of the crate.
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+
+/// A boxed cause, kept opaque so that redb's error types are not part of this crate's API.
+pub(crate) type Cause = Arc<dyn StdError + Send + Sync + 'static>;
+
+/// Everything that can go wrong in a store call.
+///
+/// Expected outcomes of a claim (in progress, already completed, fingerprint mismatch) are not
+/// errors: they are variants of [`Claim`](crate::Claim). An `Error` means the call did not do
+/// what was asked. Each variant's documentation says what the caller should do.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key or scope is not acceptable. Answer the client with 400 and do not
+    /// touch the store.
+    #[error("invalid idempotency key: {reason}")]
+    InvalidKey {
+        /// What is wrong with the key, in words a client developer can act on.
+        reason: String,
+    },
+
+    /// The response (body plus headers) or checkpoint is larger than the store accepts. The
+    /// record is unchanged and the lease is still held: store a smaller response or release.
+    #[error("response of {size} bytes exceeds the limit of {limit} bytes")]
+    ResponseTooLarge {
+        /// Size of the rejected response in bytes.
+        size: usize,
+        /// The configured `max_response_bytes`.
+        limit: usize,
+    },
+
+    /// The lease is no longer valid: the key was taken over by a later attempt, released, or
+    /// expired and swept. Nothing was written. Do not report success to the client for this
+    /// attempt; a retry will see the newer attempt's outcome.
+    #[error("lease lost: the key was taken over, released or expired; nothing was written")]
+    LeaseLost,
+
+    /// A builder setting is out of range. Fix the configuration.
+    #[error("invalid configuration: {reason}")]
+    InvalidConfig {
+        /// Which setting and why.
+        reason: String,
+    },
+
+    /// The file is already open, in this process or another one. One file serves one `Store`;
+    /// share that `Store` (it is `Send + Sync`) instead of opening the file twice.
+    #[error("the store file is already open in this or another process")]
+    AlreadyOpen,
+
+    /// The file is a database but not an idempotency store (it holds other tables), or it was
+    /// written by a newer, incompatible version of this crate. Check the path.
+    #[error("not an idempotency store: {reason}")]
+    NotAStore {
+        /// What was found instead.
+        reason: String,
+    },
+
+    /// Stored data failed validation: a damaged file or a record this version cannot decode.
+    /// The affected key cannot be served; restore from a backup or remove the record with the
+    /// operator tools.
+    #[error("corrupted store: {reason}")]
+    Corrupted {
+        /// What failed to validate.
+        reason: String,
+    },
+
+    /// The storage engine or the operating system failed (I/O error, disk full, damaged file).
+    /// A write call that fails this way may or may not have become durable: look the key up
+    /// before retrying. After a failed commit the store refuses writes until it is reopened.
+    #[error("storage failure while {context}")]
+    Storage {
+        /// What the store was doing.
+        context: &'static str,
+        /// The underlying failure.
+        #[source]
+        source: Cause,
+    },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn storage(
+        context: &'static str,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Error::Storage {
+            context,
+            source: Arc::new(source),
+        }
+    }
+
+    pub(crate) fn corrupted(reason: impl Into<String>) -> Self {
+        Error::Corrupted {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn invalid_key(reason: impl Into<String>) -> Self {
+        Error::InvalidKey {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Maps redb's storage errors, keeping corruption distinct from I/O so the caller can tell a
+/// damaged file from a failing disk.
+pub(crate) fn from_storage(context: &'static str, err: redb::StorageError) -> Error {
+    match err {
+        redb::StorageError::Corrupted(reason) => Error::Corrupted { reason },
+        other => Error::storage(context, other),
+    }
+}
+
+macro_rules! impl_from_redb {
+    ($($ty:ty => $context:literal),* $(,)?) => {$(
+        impl From<$ty> for Error {
+            fn from(err: $ty) -> Self {
+                match redb::Error::from(err) {
+                    redb::Error::Corrupted(reason) => Error::Corrupted { reason },
+                    redb::Error::DatabaseAlreadyOpen => Error::AlreadyOpen,
+                    other => Error::storage($context, other),
+                }
+            }
+        }
+    )*};
+}
+
+impl_from_redb! {
+    redb::StorageError => "accessing the file",
+    redb::TransactionError => "starting a transaction",
+    redb::CommitError => "committing",
+    redb::DatabaseError => "opening the file",
+}
+
+impl From<redb::TableError> for Error {
+    fn from(err: redb::TableError) -> Self {
+        match err {
+            redb::TableError::Storage(e) => from_storage("opening a table", e),
+            other @ (redb::TableError::TableTypeMismatch { .. }
+            | redb::TableError::TableIsMultimap(_)
+            | redb::TableError::TypeDefinitionChanged { .. }) => Error::NotAStore {
+                reason: other.to_string(),
+            },
+            other => Error::storage("opening a table", other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn check<T: Send + Sync + 'static + StdError>() {}
+        check::<Error>();
+    }
+
+    #[test]
+    fn storage_error_exposes_its_cause() {
+        let err = Error::storage("committing", std::io::Error::other("disk on fire"));
+        assert_eq!(err.to_string(), "storage failure while committing");
+        let cause = err.source().map(ToString::to_string);
+        assert_eq!(cause.as_deref(), Some("disk on fire"));
+    }
+}

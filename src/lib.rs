@@ -1,0 +1,93 @@
+//! A durable, embedded idempotency-key store on [redb].
+//!
+//! A client retries `POST /payments` after a timeout; the service must charge once and give
+//! every retry the first answer. [`Store::claim`] decides, atomically and durably, which
+//! attempt runs the operation; [`Store::complete`] stores its response; later attempts get
+//! that response back to replay.
+//!
+//! ```
+//! use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
+//!
+//! let dir = tempfile::tempdir().expect("temp dir");
+//! let store = Store::open(dir.path().join("idempotency.redb"))?;
+//!
+//! let key = Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324")?;
+//! let request = Fingerprint::of(["POST", "/payments", r#"{"amount":4999}"#]);
+//!
+//! match store.claim(&key, request)? {
+//!     Claim::Acquired(lease) => {
+//!         // Run the side effect once, then store what the client should see.
+//!         store.complete(&lease, Response::new(201, r#"{"id":"pay_1"}"#))?;
+//!     }
+//!     Claim::Completed(replay) => println!("replay {}", replay.response.status),
+//!     Claim::InProgress { .. } => println!("409: try again shortly"),
+//!     Claim::Mismatch { .. } => println!("422: key reused for another request"),
+//! }
+//!
+//! // The retry after a lost answer replays instead of charging again.
+//! let Claim::Completed(replay) = store.claim(&key, request)? else { panic!("not replayed") };
+//! assert_eq!(replay.response.body, br#"{"id":"pay_1"}"#);
+//! # Ok::<(), idempotency_store::Error>(())
+//! ```
+//!
+//! # Guarantees
+//!
+//! - **One winner.** For a key, exactly one claim acquires it until that attempt settles or
+//!   its lease lapses; claims are serialised by redb's single writer.
+//! - **Durable acknowledgements.** When a write call returns `Ok`, its commit has been synced
+//!   (`fdatasync`) and survives a process kill or power loss. Under
+//!   [`Durability::QuickRepair`] the first open after a crash is also instant.
+//! - **Fencing.** Every lease carries a token unique for the life of the file; `complete`,
+//!   `release`, `heartbeat` and `checkpoint` from an attempt that was taken over fail with
+//!   [`Error::LeaseLost`] and change nothing.
+//! - **Expiry.** A record expires `retention` after completion (in-progress records:
+//!   `retention` after the first claim, or at the lease's end if later). An expired record
+//!   never replays, even before a sweep deletes it.
+//! - **Never stuck.** A crashed holder's record is taken over once its lease lapses.
+//!
+//! # Time
+//!
+//! All times come from the [`Clock`] given to the builder ([`SystemClock`] by default) in
+//! wall-clock milliseconds, so leases and expiry survive restarts. The store never lets time go
+//! backwards: it uses the highest time it has seen, persisted in the file. A clock stepping
+//! back makes time stand still until the clock catches up; it delays expiry but never
+//! shortens a lease.
+//!
+//! # Layout
+//!
+//! One redb file with three tables: records (stored key → versioned record), an expiry index
+//! (`(expires_at, key)`) and metadata. `docs/design.md` in the repository has the details.
+//!
+//! [redb]: https://docs.rs/redb
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod clock;
+mod commit;
+mod config;
+mod error;
+mod fingerprint;
+mod key;
+mod maintenance;
+mod ops;
+mod outcome;
+mod record;
+mod store;
+mod wait;
+
+pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use crate::config::{Builder, Durability};
+pub use crate::error::{Error, Result};
+pub use crate::fingerprint::Fingerprint;
+pub use crate::key::{Key, MAX_KEY_LEN};
+pub use crate::maintenance::{Stats, VerifyReport};
+pub use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
+pub use crate::record::Response;
+pub use crate::store::Store;
+
+#[doc(hidden)]
+pub use crate::record::fuzz_decode_record;

@@ -1,0 +1,143 @@
+//! Whole-store checks and counts: `verify` and `stats`.
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::error::Result;
+use crate::key::Key;
+use crate::ops::{EXPIRY, META, META_NEXT_TOKEN, RECORDS};
+use crate::record::{Record, State};
+use crate::store::Store;
+
+/// What [`Store::verify`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    /// Records walked.
+    pub records: u64,
+    /// Expiry-index entries walked.
+    pub expiry_entries: u64,
+    /// One line per problem; empty when the store is consistent.
+    pub problems: Vec<String>,
+}
+
+impl VerifyReport {
+    /// True when no problem was found.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Counts from [`Store::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Unexpired records held by an attempt (including lapsed leases not yet taken over).
+    pub in_progress: u64,
+    /// Of those, the ones whose lease has lapsed: stuck until a retry takes them over.
+    pub stuck: u64,
+    /// Unexpired completed records.
+    pub completed: u64,
+    /// Expired records waiting for a sweep.
+    pub expired: u64,
+    /// Size of the store file in bytes (`None` in memory).
+    pub file_bytes: Option<u64>,
+}
+
+impl Store {
+    /// Walks both tables and checks the invariants: every record decodes and has a valid key,
+    /// has exactly one expiry entry at its `expires_at`, and holds a token below the token
+    /// counter; every expiry entry belongs to a record. Takes a read snapshot; writers go on.
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) if the file cannot be read. Damaged records
+    /// are reported as problems, not errors.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let txn = self.db.begin_read()?;
+        let records = txn.open_table(RECORDS)?;
+        let expiry = txn.open_table(EXPIRY)?;
+        let next_token = txn
+            .open_table(META)?
+            .get(META_NEXT_TOKEN)?
+            .map_or(0, |v| v.value());
+        let mut report = VerifyReport::default();
+        for entry in records.iter()? {
+            let (key, value) = entry?;
+            let key = key.value();
+            report.records += 1;
+            let name = String::from_utf8_lossy(key);
+            if let Err(e) = Key::from_stored(key) {
+                report.problems.push(format!("record {name:?}: {e}"));
+            }
+            let record = match Record::decode(value.value()) {
+                Ok(record) => record,
+                Err(e) => {
+                    report.problems.push(format!("record {name:?}: {e}"));
+                    continue;
+                }
+            };
+            if expiry.get((record.expires_at, key))?.is_none() {
+                report.problems.push(format!(
+                    "record {name:?} has no expiry entry at {}",
+                    record.expires_at
+                ));
+            }
+            if let State::InProgress { token, .. } = record.state {
+                if token >= next_token {
+                    report.problems.push(format!(
+                        "record {name:?} holds token {token}, not below the counter {next_token}"
+                    ));
+                }
+            }
+        }
+        for entry in expiry.iter()? {
+            let (index_key, _) = entry?;
+            let (expires_at, key) = index_key.value();
+            report.expiry_entries += 1;
+            let owner = records.get(key)?;
+            let matches =
+                owner.map(|v| Record::decode(v.value()).is_ok_and(|r| r.expires_at == expires_at));
+            if matches != Some(true) {
+                report.problems.push(format!(
+                    "expiry entry ({expires_at}, {:?}) has no record expiring then",
+                    String::from_utf8_lossy(key)
+                ));
+            }
+        }
+        Ok(report)
+    }
+
+    /// Counts records by state (a full scan) and reports the file size.
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Corrupted`](crate::Error::Corrupted)
+    /// if a record cannot be read.
+    pub fn stats(&self) -> Result<Stats> {
+        let now = self.now();
+        let txn = self.db.begin_read()?;
+        let records = txn.open_table(RECORDS)?;
+        let mut stats = Stats {
+            file_bytes: self
+                .path()
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len()),
+            ..Stats::default()
+        };
+        for entry in records.iter()? {
+            let (_, value) = entry?;
+            let record = Record::decode(value.value())?;
+            if record.is_expired(now) {
+                stats.expired += 1;
+                continue;
+            }
+            match record.state {
+                State::InProgress { lease_until, .. } => {
+                    stats.in_progress += 1;
+                    stats.stuck += u64::from(now.as_millis() >= lease_until);
+                }
+                State::Completed { .. } => stats.completed += 1,
+            }
+        }
+        Ok(stats)
+    }
+}

@@ -1,0 +1,309 @@
+//! The write operations, applied inside one redb write transaction.
+//!
+//! Every operation reads and validates before it mutates anything, so an operation that
+//! fails for its own reasons (a lost lease, a corrupted record) leaves the shared transaction
+//! untouched and the rest of its batch can still commit. A storage error, by contrast, may
+//! leave the transaction half-written and fails the whole batch.
+
+use redb::{ReadableTable, Table, TableDefinition};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, from_storage};
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::outcome::{Claim, Lease, Replay};
+use crate::record::{Record, Response, State};
+
+/// Stored key → versioned record bytes.
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("idempotency_records");
+/// `(expires_at_ms, stored key)` → `()`: exactly one entry per record.
+pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idempotency_expiry");
+/// Format version, the fencing-token counter and the clock's high-water mark.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
+
+pub(crate) const META_FORMAT: &str = "format_version";
+pub(crate) const META_NEXT_TOKEN: &str = "next_token";
+pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
+
+/// A write call, as queued for the group commit.
+pub(crate) enum Op {
+    Claim {
+        key: Key,
+        fingerprint: Fingerprint,
+    },
+    Complete {
+        key: Key,
+        token: u64,
+        response: Response,
+    },
+    Release {
+        key: Key,
+        token: u64,
+    },
+    Heartbeat {
+        key: Key,
+        token: u64,
+    },
+    Checkpoint {
+        key: Key,
+        token: u64,
+        data: Vec<u8>,
+    },
+    Sweep {
+        limit: usize,
+    },
+}
+
+impl Op {
+    /// The key whose waiters must be woken once this operation commits, if it settles one.
+    pub(crate) fn settles(&self) -> Option<&Key> {
+        match self {
+            Op::Complete { key, .. } | Op::Release { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// What a write call returns when it succeeds.
+pub(crate) enum Done {
+    Claim(Claim),
+    Settled,
+    Heartbeat(Timestamp),
+    Swept(usize),
+}
+
+/// Why an operation failed: on its own, or for the whole batch.
+pub(crate) enum Fail {
+    Op(Error),
+    Batch(Error),
+}
+
+impl From<Error> for Fail {
+    fn from(err: Error) -> Self {
+        Fail::Op(err)
+    }
+}
+
+impl From<redb::StorageError> for Fail {
+    fn from(err: redb::StorageError) -> Self {
+        Fail::Batch(from_storage("writing a batch", err))
+    }
+}
+
+/// The settings and counters one batch works with.
+pub(crate) struct Ctx {
+    pub now: Timestamp,
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    pub next_token: u64,
+}
+
+/// How a claim is answered, decided the same way on the read path and the write path.
+pub(crate) enum Decision {
+    Answer(Claim),
+    Fresh,
+    Takeover(Record),
+}
+
+pub(crate) fn decide(record: Option<Record>, fingerprint: Fingerprint, now: Timestamp) -> Decision {
+    let Some(record) = record.filter(|r| !r.is_expired(now)) else {
+        return Decision::Fresh;
+    };
+    if record.fingerprint != fingerprint {
+        return Decision::Answer(Claim::Mismatch {
+            stored: record.fingerprint,
+        });
+    }
+    match record.state {
+        State::InProgress { lease_until, .. } if now.as_millis() < lease_until => {
+            Decision::Answer(Claim::InProgress {
+                lease_until: Timestamp::from_millis(lease_until),
+                attempt: record.attempt,
+            })
+        }
+        State::InProgress { .. } => Decision::Takeover(record),
+        State::Completed {
+            completed_at,
+            response,
+        } => Decision::Answer(Claim::Completed(Replay {
+            response,
+            created_at: Timestamp::from_millis(record.created_at),
+            completed_at: Timestamp::from_millis(completed_at),
+            expires_at: Timestamp::from_millis(record.expires_at),
+            attempt: record.attempt,
+        })),
+    }
+}
+
+/// The two data tables, open in one write transaction.
+pub(crate) struct Tables<'txn> {
+    pub records: Table<'txn, &'static [u8], &'static [u8]>,
+    pub expiry: Table<'txn, (u64, &'static [u8]), ()>,
+}
+
+impl Tables<'_> {
+    fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
+        match self.records.get(key.as_stored())? {
+            Some(bytes) => Ok(Some(Record::decode(bytes.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `record`, moving its expiry entry from `old_expires_at` if it had one.
+    fn put(&mut self, key: &Key, old_expires_at: Option<u64>, record: &Record) -> Result<(), Fail> {
+        let bytes = record.encode()?;
+        let k = key.as_stored();
+        if let Some(old) = old_expires_at.filter(|&old| old != record.expires_at) {
+            self.expiry.remove((old, k))?;
+        }
+        self.expiry.insert((record.expires_at, k), ())?;
+        self.records.insert(k, bytes.as_slice())?;
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &Key, expires_at: u64) -> Result<(), Fail> {
+        let k = key.as_stored();
+        self.expiry.remove((expires_at, k))?;
+        self.records.remove(k)?;
+        Ok(())
+    }
+
+    /// The record if `token` still holds it; otherwise the lease is lost.
+    fn held(&self, key: &Key, token: u64, now: Timestamp) -> Result<Record, Fail> {
+        match self.get(key)? {
+            Some(record)
+                if !record.is_expired(now)
+                    && matches!(record.state, State::InProgress { token: t, .. } if t == token) =>
+            {
+                Ok(record)
+            }
+            _ => Err(Fail::Op(Error::LeaseLost)),
+        }
+    }
+
+    pub(crate) fn apply(&mut self, ctx: &mut Ctx, op: Op) -> Result<Done, Fail> {
+        match op {
+            Op::Claim { key, fingerprint } => self.claim(ctx, key, fingerprint).map(Done::Claim),
+            Op::Complete {
+                key,
+                token,
+                response,
+            } => self.complete(ctx, &key, token, response),
+            Op::Release { key, token } => {
+                let record = self.held(&key, token, ctx.now)?;
+                self.delete(&key, record.expires_at)?;
+                Ok(Done::Settled)
+            }
+            Op::Heartbeat { key, token } => self.heartbeat(ctx, &key, token),
+            Op::Checkpoint { key, token, data } => {
+                let mut record = self.held(&key, token, ctx.now)?;
+                if let State::InProgress { checkpoint, .. } = &mut record.state {
+                    *checkpoint = Some(data);
+                }
+                self.put(&key, Some(record.expires_at), &record)?;
+                Ok(Done::Settled)
+            }
+            Op::Sweep { limit } => self.sweep(ctx.now, limit).map(Done::Swept),
+        }
+    }
+
+    fn claim(&mut self, ctx: &mut Ctx, key: Key, fingerprint: Fingerprint) -> Result<Claim, Fail> {
+        let existing = self.get(&key)?;
+        let old_expires_at = existing.as_ref().map(|r| r.expires_at);
+        let (created_at, attempt, checkpoint) = match decide(existing, fingerprint, ctx.now) {
+            Decision::Answer(answer) => return Ok(answer),
+            Decision::Fresh => (ctx.now.as_millis(), 1, None),
+            Decision::Takeover(old) => {
+                let checkpoint = match old.state {
+                    State::InProgress { checkpoint, .. } => checkpoint,
+                    State::Completed { .. } => None,
+                };
+                (old.created_at, old.attempt.saturating_add(1), checkpoint)
+            }
+        };
+        let token = ctx.next_token;
+        ctx.next_token += 1;
+        let lease_until = ctx.now.plus(ctx.lease_ms).as_millis();
+        let record = Record {
+            fingerprint,
+            created_at,
+            expires_at: created_at.saturating_add(ctx.retention_ms).max(lease_until),
+            attempt,
+            state: State::InProgress {
+                token,
+                lease_until,
+                checkpoint: checkpoint.clone(),
+            },
+        };
+        self.put(&key, old_expires_at, &record)?;
+        Ok(Claim::Acquired(Lease {
+            key,
+            token,
+            attempt,
+            lease_until: Timestamp::from_millis(lease_until),
+            checkpoint,
+        }))
+    }
+
+    fn complete(
+        &mut self,
+        ctx: &Ctx,
+        key: &Key,
+        token: u64,
+        response: Response,
+    ) -> Result<Done, Fail> {
+        let held = self.held(key, token, ctx.now)?;
+        let record = Record {
+            expires_at: ctx.now.plus(ctx.retention_ms).as_millis(),
+            state: State::Completed {
+                completed_at: ctx.now.as_millis(),
+                response,
+            },
+            ..held
+        };
+        self.put(key, Some(held.expires_at), &record)?;
+        Ok(Done::Settled)
+    }
+
+    fn heartbeat(&mut self, ctx: &Ctx, key: &Key, token: u64) -> Result<Done, Fail> {
+        let mut record = self.held(key, token, ctx.now)?;
+        let old_expires_at = record.expires_at;
+        let new_until = ctx.now.plus(ctx.lease_ms).as_millis();
+        if let State::InProgress { lease_until, .. } = &mut record.state {
+            *lease_until = new_until;
+        }
+        // An in-progress record never expires under a live lease.
+        record.expires_at = record.expires_at.max(new_until);
+        self.put(key, Some(old_expires_at), &record)?;
+        Ok(Done::Heartbeat(Timestamp::from_millis(new_until)))
+    }
+
+    /// Deletes up to `limit` records whose expiry is at or before `now`, oldest first.
+    fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<usize, Fail> {
+        let end = now.as_millis().saturating_add(1);
+        let mut swept = 0;
+        let expired = self
+            .expiry
+            .extract_from_if(..(end, &[][..]), |_, ()| true)?
+            .take(limit);
+        for entry in expired {
+            let (index_key, _) = entry?;
+            let (expires_at, key) = index_key.value();
+            // The index entry is the record's only if the times agree; the record itself is
+            // then expired too. A disagreeing entry is stale and only the entry goes.
+            let matches = match self.records.get(key)? {
+                Some(bytes) => Record::decode(bytes.value())
+                    .map(|r| r.expires_at == expires_at)
+                    .unwrap_or(true),
+                None => false,
+            };
+            if matches {
+                self.records.remove(key)?;
+                swept += 1;
+            }
+        }
+        Ok(swept)
+    }
+}

@@ -1,0 +1,161 @@
+//! What the store answers: claim outcomes, leases, replays and record views.
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::record::Response;
+
+/// The outcome of [`Store::claim`](crate::Store::claim). Every variant is an expected answer;
+/// match all of them.
+///
+/// | variant | meaning | what an HTTP service does |
+/// |---|---|---|
+/// | `Acquired` | you run the operation | run it, then `complete` or `release` |
+/// | `InProgress` | another attempt holds a live lease | 409 with `Retry-After`, or wait |
+/// | `Completed` | it already ran | replay the stored response |
+/// | `Mismatch` | the key was used for a different request | 422; never replay, never run |
+#[must_use = "a claim says whether the caller may run the operation"]
+#[derive(Debug)]
+pub enum Claim {
+    /// The caller holds the key: run the operation, then settle the lease.
+    Acquired(Lease),
+    /// Another attempt holds the key.
+    InProgress {
+        /// When that attempt's lease lapses (a takeover becomes possible then).
+        lease_until: Timestamp,
+        /// That attempt's number.
+        attempt: u32,
+    },
+    /// The operation already completed: replay this.
+    Completed(Replay),
+    /// The key is stored with a different request fingerprint.
+    Mismatch {
+        /// The fingerprint stored with the key.
+        stored: Fingerprint,
+    },
+}
+
+/// Proof that the holder may run the operation for one key, until the lease lapses.
+///
+/// Settle it with [`Store::complete`](crate::Store::complete) or
+/// [`Store::release`](crate::Store::release). Dropping a lease without settling it leaves the
+/// record in progress until the lease lapses, after which a retry takes it over (with the last
+/// [`checkpoint`](Lease::checkpoint)). There is deliberately no release-on-drop: after a panic
+/// in the middle of a payment, running it again blindly is the wrong default.
+#[must_use = "a lease left unsettled blocks the key until it lapses"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub(crate) key: Key,
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: Timestamp,
+    pub(crate) checkpoint: Option<Vec<u8>>,
+}
+
+impl Lease {
+    /// The key this lease holds.
+    #[must_use]
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The fencing token: unique for the life of the store file and increasing, so a write
+    /// with an older token can be told apart from the current holder's (also useful to pass
+    /// downstream as a fencing token).
+    #[must_use]
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// 1 for a fresh claim, n + 1 when this lease took over attempt n.
+    #[must_use]
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When this lease lapses unless extended with [`Store::heartbeat`](crate::Store::heartbeat).
+    #[must_use]
+    pub fn lease_until(&self) -> Timestamp {
+        self.lease_until
+    }
+
+    /// The last recovery point stored for this operation: on a takeover, the previous
+    /// attempt's; after [`Store::checkpoint`](crate::Store::checkpoint), this lease's own.
+    #[must_use]
+    pub fn checkpoint(&self) -> Option<&[u8]> {
+        self.checkpoint.as_deref()
+    }
+}
+
+/// A completed operation's stored response, with its times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// The response, byte for byte as completed.
+    pub response: Response,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// When the response was stored.
+    pub completed_at: Timestamp,
+    /// When the record stops replaying.
+    pub expires_at: Timestamp,
+    /// The attempt that completed it.
+    pub attempt: u32,
+}
+
+/// The result of [`Store::execute`](crate::Store::execute).
+#[must_use = "the outcome says whether the operation ran"]
+#[derive(Debug)]
+pub enum Outcome<E> {
+    /// The closure ran and its response was stored.
+    Executed(Response),
+    /// An earlier attempt completed; this is its response.
+    Replayed(Replay),
+    /// Another attempt holds the key.
+    InProgress {
+        /// When that attempt's lease lapses.
+        lease_until: Timestamp,
+        /// That attempt's number.
+        attempt: u32,
+    },
+    /// The key is stored with a different request fingerprint.
+    Mismatch {
+        /// The fingerprint stored with the key.
+        stored: Fingerprint,
+    },
+    /// The closure failed; the key was released so a retry runs afresh.
+    Failed(E),
+}
+
+/// A record as [`Store::lookup`](crate::Store::lookup) sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordView {
+    /// The request fingerprint stored with the key.
+    pub fingerprint: Fingerprint,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// When the record stops counting.
+    pub expires_at: Timestamp,
+    /// The current (or completing) attempt number.
+    pub attempt: u32,
+    /// In progress or completed, with the state's details.
+    pub state: RecordState,
+}
+
+/// The state part of a [`RecordView`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// An attempt holds (or held) the key.
+    InProgress {
+        /// When the current lease lapses.
+        lease_until: Timestamp,
+        /// The last stored recovery point.
+        checkpoint: Option<Vec<u8>>,
+    },
+    /// The response is stored.
+    Completed {
+        /// When it was stored.
+        completed_at: Timestamp,
+        /// The stored response.
+        response: Response,
+    },
+}

@@ -1,0 +1,481 @@
+//! The store: opening, the claim/settle calls, lookups and maintenance.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableHandle};
+
+use crate::clock::{Timestamp, millis};
+use crate::commit::Committer;
+use crate::config::{Builder, Durability};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::ops::{
+    Ctx, Decision, Done, EXPIRY, Fail, META, META_CLOCK, META_FORMAT, META_NEXT_TOKEN, Op, RECORDS,
+    Tables, decide,
+};
+use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
+use crate::record::{FORMAT_VERSION, Record, Response, State};
+use crate::wait::Waiters;
+
+/// How many expired records one `sweep_all` transaction deletes: large enough to amortise the
+/// commit, small enough that claims queued behind it wait about a millisecond.
+pub(crate) const SWEEP_BATCH: usize = 1024;
+
+/// A durable idempotency-key store in one redb file.
+///
+/// `Store` is `Send + Sync`: share one per file (for example in an `Arc`) across all request
+/// threads. Reads ([`lookup`](Store::lookup), and claims that only replay or reject) run in
+/// read transactions beside the writer. Write calls from many threads share commits (group
+/// commit) and each returns only after the commit holding its write is durable.
+pub struct Store {
+    pub(crate) db: Database,
+    pub(crate) config: Builder,
+    path: Option<PathBuf>,
+    committer: Committer,
+    pub(crate) waiters: Waiters,
+    /// The highest time the store has used; the store's clock never goes below it.
+    high_water: AtomicU64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store file at `path` with default settings.
+    ///
+    /// # Errors
+    /// As for [`Builder::open`].
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Store> {
+        Builder::new().open(path)
+    }
+
+    /// A builder for a store with custom settings.
+    #[must_use]
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    pub(crate) fn init(db: Database, config: Builder, path: Option<PathBuf>) -> Result<Store> {
+        let txn = db.begin_write()?;
+        let high_water = {
+            let names: Vec<String> = txn
+                .list_tables()?
+                .map(|t| t.name().to_owned())
+                .chain(txn.list_multimap_tables()?.map(|t| t.name().to_owned()))
+                .collect();
+            if !names.iter().any(|n| n == META.name()) && !names.is_empty() {
+                return Err(Error::NotAStore {
+                    reason: format!(
+                        "the file holds the tables {names:?} but no idempotency-store metadata"
+                    ),
+                });
+            }
+            let mut meta = txn.open_table(META)?;
+            txn.open_table(RECORDS)?;
+            txn.open_table(EXPIRY)?;
+            let stored = |m: &redb::Table<&str, u64>, k| -> Result<Option<u64>> {
+                Ok(m.get(k)?.map(|v| v.value()))
+            };
+            match stored(&meta, META_FORMAT)? {
+                None => {
+                    meta.insert(META_FORMAT, u64::from(FORMAT_VERSION))?;
+                    meta.insert(META_NEXT_TOKEN, 1)?;
+                }
+                Some(v) if v == u64::from(FORMAT_VERSION) => {}
+                Some(v) => {
+                    return Err(Error::NotAStore {
+                        reason: format!(
+                            "store format version {v} is not supported (this build reads \
+                             version {FORMAT_VERSION})"
+                        ),
+                    });
+                }
+            }
+            stored(&meta, META_CLOCK)?.unwrap_or(0)
+        };
+        txn.commit()?;
+        Ok(Store {
+            db,
+            committer: Committer::new(config.max_batch),
+            config,
+            path,
+            waiters: Waiters::default(),
+            high_water: AtomicU64::new(high_water),
+        })
+    }
+
+    /// The store's current time: the clock's time, but never earlier than any time the store
+    /// has already used (also across restarts). A clock stepping back therefore makes time
+    /// stand still until the clock catches up; leases never lapse early and a lease is never
+    /// handed out twice.
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        let wall = self.config.clock.now().as_millis();
+        let before = self.high_water.fetch_max(wall, Ordering::SeqCst);
+        Timestamp::from_millis(before.max(wall))
+    }
+
+    /// Claims `key` for the request with `fingerprint`: the first-writer-wins step.
+    ///
+    /// At the store's time `now`:
+    /// - no record, or an expired one: the caller acquires a fresh lease (attempt 1);
+    /// - a record with another fingerprint, in any state: [`Claim::Mismatch`];
+    /// - in progress under a live lease: [`Claim::InProgress`];
+    /// - in progress with a lapsed lease: the caller takes over (attempt + 1, new token, the
+    ///   last checkpoint); the old holder's token is dead;
+    /// - completed: [`Claim::Completed`] with the stored response.
+    ///
+    /// Answers that write nothing (replay, mismatch, in progress) come from a read transaction
+    /// and never wait for the writer. A claim that acquires returns after its commit is durable.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("order-42")?;
+    /// let fp = Fingerprint::of(["POST", "/orders", "{}"]);
+    /// let Claim::Acquired(lease) = store.claim(&key, fp)? else { unreachable!() };
+    /// store.complete(&lease, Response::new(201, "created"))?;
+    /// assert!(matches!(store.claim(&key, fp)?, Claim::Completed(r) if r.response.body == b"created"));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] if the key is longer than this store's `max_key_len`;
+    /// [`Error::Storage`] or [`Error::Corrupted`] if the record cannot be read or written. A
+    /// storage error on the write path leaves the outcome unknown: the claim may have landed
+    /// (its lease then lapses normally).
+    pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        self.check_key(key)?;
+        if let Decision::Answer(answer) = decide(self.read(key)?, fingerprint, self.now()) {
+            return Ok(answer);
+        }
+        match self.write(Op::Claim {
+            key: key.clone(),
+            fingerprint,
+        })? {
+            Done::Claim(claim) => Ok(claim),
+            _ => Err(misrouted()),
+        }
+    }
+
+    /// Stores the response for the lease's key, durably, and ends the lease. From then on
+    /// claims with the same fingerprint replay it until `retention` has passed.
+    ///
+    /// Fenced: succeeds only while the record is in progress under this lease's token (a
+    /// lapsed lease that nobody took over still completes). The lease is borrowed, not
+    /// consumed, so that a response rejected as too large can be replaced by a smaller one; once
+    /// the lease is settled, every further use of it fails with [`Error::LeaseLost`].
+    ///
+    /// To make a failure final (the client must see it again), complete with the error
+    /// response; to let a retry run afresh, [`release`](Store::release) instead.
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] (nothing written, the lease still holds);
+    /// [`Error::LeaseLost`] if the key was taken over, released or expired (nothing written);
+    /// [`Error::Storage`] if the commit failed (outcome unknown: look the key up).
+    pub fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        self.check_size(response.size())?;
+        self.settle(Op::Complete {
+            key: lease.key.clone(),
+            token: lease.token,
+            response,
+        })
+    }
+
+    /// Deletes the lease's record so that a retry runs the operation afresh. Use it when the
+    /// operation failed before any side effect. Fenced like [`complete`](Store::complete).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease no longer holds the key; [`Error::Storage`] if the
+    /// commit failed.
+    pub fn release(&self, lease: &Lease) -> Result<()> {
+        self.settle(Op::Release {
+            key: lease.key.clone(),
+            token: lease.token,
+        })
+    }
+
+    /// Extends the lease to `lease` (the configured duration) from now, and returns the new
+    /// deadline (also recorded in `lease`). Call it from long operations well before the lease
+    /// lapses.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease no longer holds the key (stop the work: another
+    /// attempt owns it); [`Error::Storage`] if the commit failed.
+    pub fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        let done = self.write(Op::Heartbeat {
+            key: lease.key.clone(),
+            token: lease.token,
+        })?;
+        match done {
+            Done::Heartbeat(until) => {
+                lease.lease_until = until;
+                Ok(until)
+            }
+            _ => Err(misrouted()),
+        }
+    }
+
+    /// Stores a recovery point in the record. If this attempt dies, the attempt that takes the
+    /// key over receives it through [`Lease::checkpoint`] and can resume instead of redoing
+    /// finished steps.
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] if `data` exceeds `max_response_bytes`;
+    /// [`Error::LeaseLost`]; [`Error::Storage`].
+    pub fn checkpoint(&self, lease: &mut Lease, data: impl Into<Vec<u8>>) -> Result<()> {
+        let data = data.into();
+        self.check_size(data.len())?;
+        self.settle(Op::Checkpoint {
+            key: lease.key.clone(),
+            token: lease.token,
+            data: data.clone(),
+        })?;
+        lease.checkpoint = Some(data);
+        Ok(())
+    }
+
+    /// Claims `key` and, if acquired, runs `operation`: on `Ok` its response is stored, on
+    /// `Err` the key is released so that a retry runs afresh. Every other claim outcome is
+    /// returned without running anything.
+    ///
+    /// ```
+    /// use idempotency_store::{Fingerprint, Key, Outcome, Response, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("sms-7")?;
+    /// let fp = Fingerprint::of(["send", "+15550100", "hello"]);
+    /// let send = |_: &mut _| Ok::<_, std::io::Error>(Response::new(200, "sent"));
+    /// assert!(matches!(store.execute(&key, fp, send)?, Outcome::Executed(_)));
+    /// assert!(matches!(store.execute(&key, fp, send)?, Outcome::Replayed(_)));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`claim`](Store::claim) and [`complete`](Store::complete). If `operation` fails
+    /// and releasing the key then fails with a storage error, that error is returned (the key
+    /// then stays in progress until its lease lapses).
+    pub fn execute<E, F>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        operation: F,
+    ) -> Result<Outcome<E>>
+    where
+        F: FnOnce(&mut Lease) -> Result<Response, E>,
+    {
+        let mut lease = match self.claim(key, fingerprint)? {
+            Claim::Acquired(lease) => lease,
+            Claim::Completed(replay) => return Ok(Outcome::Replayed(replay)),
+            Claim::InProgress {
+                lease_until,
+                attempt,
+            } => {
+                return Ok(Outcome::InProgress {
+                    lease_until,
+                    attempt,
+                });
+            }
+            Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
+        };
+        match operation(&mut lease) {
+            Ok(response) => {
+                self.complete(&lease, response.clone())?;
+                Ok(Outcome::Executed(response))
+            }
+            Err(err) => match self.release(&lease) {
+                Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
+                Err(other) => Err(other),
+            },
+        }
+    }
+
+    /// The key's record, or `None` if there is none or it has expired. Runs in a read
+    /// transaction and never waits for writers.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
+    /// record does not decode; [`Error::Storage`].
+    pub fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.check_key(key)?;
+        let now = self.now();
+        Ok(self.read(key)?.filter(|r| !r.is_expired(now)).map(view))
+    }
+
+    /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
+    /// transaction, and returns how many it deleted.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
+    pub fn sweep(&self, limit: usize) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        match self.write(Op::Sweep { limit })? {
+            Done::Swept(n) => Ok(n),
+            _ => Err(misrouted()),
+        }
+    }
+
+    /// Deletes every expired record, in transactions of 1,024 so that other writers get the
+    /// writer between them. Returns the total deleted.
+    ///
+    /// # Errors
+    /// As for [`sweep`](Store::sweep); records deleted by earlier batches stay deleted.
+    pub fn sweep_all(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = self.sweep(SWEEP_BATCH)?;
+            total += n as u64;
+            if n < SWEEP_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The settings this store was opened with.
+    #[must_use]
+    pub fn settings(&self) -> &Builder {
+        &self.config
+    }
+
+    /// The file behind the store, if it has one.
+    #[must_use]
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
+    }
+
+    fn check_key(&self, key: &Key) -> Result<()> {
+        let max = self.config.max_key_len;
+        let longest = key.key().len().max(key.scope().map_or(0, str::len));
+        if longest > max {
+            return Err(Error::invalid_key(format!(
+                "the key or scope is {longest} bytes long; this store accepts at most {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_size(&self, size: usize) -> Result<()> {
+        let limit = self.config.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge { size, limit });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(RECORDS)?;
+        let bytes = table.get(key.as_stored())?;
+        bytes.map(|b| Record::decode(b.value())).transpose()
+    }
+
+    fn settle(&self, op: Op) -> Result<()> {
+        self.write(op).map(drop)
+    }
+
+    pub(crate) fn write(&self, op: Op) -> Result<Done> {
+        self.committer.submit(op, |ops| self.run_batch(ops))
+    }
+
+    /// Runs one batch and fans its outcome out: per-operation results if it committed, the
+    /// batch's error for every caller if it did not.
+    fn run_batch(&self, ops: Vec<Op>) -> Vec<Result<Done>> {
+        let settled: Vec<Option<Key>> = ops.iter().map(|op| op.settles().cloned()).collect();
+        match self.write_batch(ops) {
+            Ok(results) => {
+                for (key, result) in settled.iter().zip(&results) {
+                    if let (Some(key), Ok(_)) = (key, result) {
+                        self.waiters.wake(key);
+                    }
+                }
+                results
+            }
+            Err(err) => settled.iter().map(|_| Err(err.clone())).collect(),
+        }
+    }
+
+    fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
+        let mut txn = self.db.begin_write()?;
+        if self.config.durability == Durability::QuickRepair {
+            txn.set_quick_repair(true);
+        }
+        let mut results = Vec::with_capacity(ops.len());
+        {
+            let mut meta = txn.open_table(META)?;
+            let mut tables = Tables {
+                records: txn.open_table(RECORDS)?,
+                expiry: txn.open_table(EXPIRY)?,
+            };
+            let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
+            let (first_token, stored_clock) =
+                (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
+            let mut ctx = Ctx {
+                now: self.now(),
+                lease_ms: millis(self.config.lease),
+                retention_ms: millis(self.config.retention),
+                next_token: first_token,
+            };
+            for op in ops {
+                match tables.apply(&mut ctx, op) {
+                    Ok(done) => results.push(Ok(done)),
+                    Err(Fail::Op(err)) => results.push(Err(err)),
+                    Err(Fail::Batch(err)) => return Err(err),
+                }
+            }
+            if ctx.next_token != first_token {
+                meta.insert(META_NEXT_TOKEN, ctx.next_token)?;
+            }
+            if ctx.now.as_millis() > stored_clock {
+                meta.insert(META_CLOCK, ctx.now.as_millis())?;
+            }
+        }
+        txn.commit()?;
+        Ok(results)
+    }
+}
+
+fn view(record: Record) -> RecordView {
+    let state = match record.state {
+        State::InProgress {
+            lease_until,
+            checkpoint,
+            ..
+        } => RecordState::InProgress {
+            lease_until: Timestamp::from_millis(lease_until),
+            checkpoint,
+        },
+        State::Completed {
+            completed_at,
+            response,
+        } => RecordState::Completed {
+            completed_at: Timestamp::from_millis(completed_at),
+            response,
+        },
+    };
+    RecordView {
+        fingerprint: record.fingerprint,
+        created_at: Timestamp::from_millis(record.created_at),
+        expires_at: Timestamp::from_millis(record.expires_at),
+        attempt: record.attempt,
+        state,
+    }
+}
+
+/// A batch answered an operation with another operation's kind of result: a bug in this crate.
+fn misrouted() -> Error {
+    Error::storage(
+        "dispatching a write",
+        std::io::Error::other("internal error: result of the wrong kind; please report it"),
+    )
+}
