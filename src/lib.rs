@@ -77,6 +77,7 @@ mod ops;
 mod outcome;
 mod record;
 mod store;
+mod sweep;
 mod wait;
 
 pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
@@ -88,6 +89,7 @@ pub use crate::maintenance::{Stats, VerifyReport};
 pub use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
 pub use crate::record::Response;
 pub use crate::store::Store;
+pub use crate::sweep::Sweeper;
 
 #[doc(hidden)]
 pub use crate::record::fuzz_decode_record;

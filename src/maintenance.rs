@@ -82,12 +82,12 @@ impl Store {
                     record.expires_at
                 ));
             }
-            if let State::InProgress { token, .. } = record.state {
-                if token >= next_token {
-                    report.problems.push(format!(
-                        "record {name:?} holds token {token}, not below the counter {next_token}"
-                    ));
-                }
+            if let State::InProgress { token, .. } = record.state
+                && token >= next_token
+            {
+                report.problems.push(format!(
+                    "record {name:?} holds token {token}, not below the counter {next_token}"
+                ));
             }
         }
         for entry in expiry.iter()? {

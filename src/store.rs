@@ -19,10 +19,6 @@ use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
 use crate::record::{FORMAT_VERSION, Record, Response, State};
 use crate::wait::Waiters;
 
-/// How many expired records one `sweep_all` transaction deletes: large enough to amortise the
-/// commit, small enough that claims queued behind it wait about a millisecond.
-pub(crate) const SWEEP_BATCH: usize = 1024;
-
 /// A durable idempotency-key store in one redb file.
 ///
 /// `Store` is `Send + Sync`: share one per file (for example in an `Arc`) across all request
@@ -311,37 +307,6 @@ impl Store {
         Ok(self.read(key)?.filter(|r| !r.is_expired(now)).map(view))
     }
 
-    /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
-    /// transaction, and returns how many it deleted.
-    ///
-    /// # Errors
-    /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
-    pub fn sweep(&self, limit: usize) -> Result<usize> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        match self.write(Op::Sweep { limit })? {
-            Done::Swept(n) => Ok(n),
-            _ => Err(misrouted()),
-        }
-    }
-
-    /// Deletes every expired record, in transactions of 1,024 so that other writers get the
-    /// writer between them. Returns the total deleted.
-    ///
-    /// # Errors
-    /// As for [`sweep`](Store::sweep); records deleted by earlier batches stay deleted.
-    pub fn sweep_all(&self) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let n = self.sweep(SWEEP_BATCH)?;
-            total += n as u64;
-            if n < SWEEP_BATCH {
-                return Ok(total);
-            }
-        }
-    }
-
     /// The settings this store was opened with.
     #[must_use]
     pub fn settings(&self) -> &Builder {
@@ -473,7 +438,7 @@ fn view(record: Record) -> RecordView {
 }
 
 /// A batch answered an operation with another operation's kind of result: a bug in this crate.
-fn misrouted() -> Error {
+pub(crate) fn misrouted() -> Error {
     Error::storage(
         "dispatching a write",
         std::io::Error::other("internal error: result of the wrong kind; please report it"),

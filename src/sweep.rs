@@ -1,0 +1,156 @@
+//! Deleting expired records: bounded sweeps, and an opt-in background sweeper.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+use crate::ops::{Done, Op};
+use crate::store::{Store, misrouted};
+
+/// How many expired records one `sweep_all` transaction deletes: large enough to amortise the
+/// commit, small enough that claims queued behind it wait about a millisecond.
+const SWEEP_BATCH: usize = 1024;
+
+impl Store {
+    /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
+    /// transaction, and returns how many it deleted.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
+    pub fn sweep(&self, limit: usize) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        match self.write(Op::Sweep { limit })? {
+            Done::Swept(n) => Ok(n),
+            _ => Err(misrouted()),
+        }
+    }
+
+    /// Deletes every expired record, in transactions of 1,024 so that other writers get the
+    /// writer between them. Returns the total deleted.
+    ///
+    /// # Errors
+    /// As for [`sweep`](Store::sweep); records deleted by earlier batches stay deleted.
+    pub fn sweep_all(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = self.sweep(SWEEP_BATCH)?;
+            total += n as u64;
+            if n < SWEEP_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Starts a background thread that sweeps expired records every `interval`, in
+    /// transactions of at most `batch` records, giving the writer back to claims between
+    /// transactions. Never started implicitly.
+    ///
+    /// The returned [`Sweeper`] stops and joins the thread when dropped;
+    /// [`Sweeper::stop`] does the same and reports the first error the thread met (the thread
+    /// stops at its first error).
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use idempotency_store::Store;
+    ///
+    /// let store = Arc::new(Store::builder().open_in_memory()?);
+    /// let sweeper = store.start_sweeper(Duration::from_secs(60), 1024);
+    /// let swept = sweeper.stop()?;
+    /// assert_eq!(swept, 0);
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    #[must_use = "dropping the Sweeper stops it"]
+    pub fn start_sweeper(self: &Arc<Self>, interval: Duration, batch: usize) -> Sweeper {
+        let signal = Arc::new(Signal::default());
+        let store = Arc::clone(self);
+        let thread_signal = Arc::clone(&signal);
+        let thread = std::thread::Builder::new()
+            .name("idempotency-sweeper".into())
+            .spawn(move || sweep_loop(&store, &thread_signal, interval, batch.max(1)));
+        Sweeper {
+            signal,
+            thread: Some(thread.map_err(|e| Error::storage("starting the sweeper thread", e))),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Signal {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        loop {
+            if *signal.stopped.lock() {
+                return Ok(total);
+            }
+            let n = store.sweep(batch)?;
+            total += n as u64;
+            if n < batch {
+                break;
+            }
+        }
+        let mut stopped = signal.stopped.lock();
+        if !*stopped {
+            signal.wake.wait_for(&mut stopped, interval);
+        }
+        if *stopped {
+            return Ok(total);
+        }
+    }
+}
+
+/// A running background sweeper, from [`Store::start_sweeper`]. Dropping it stops and joins
+/// the thread.
+#[derive(Debug)]
+pub struct Sweeper {
+    signal: Arc<Signal>,
+    thread: Option<Result<JoinHandle<Result<u64>>>>,
+}
+
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signal").finish_non_exhaustive()
+    }
+}
+
+impl Sweeper {
+    /// Stops the sweeper, waits for its thread, and returns how many records it deleted.
+    ///
+    /// # Errors
+    /// The error that stopped the thread early, if any ([`Error::Storage`] if the thread could
+    /// not be started or panicked).
+    pub fn stop(mut self) -> Result<u64> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<u64> {
+        *self.signal.stopped.lock() = true;
+        self.signal.wake.notify_all();
+        match self.thread.take() {
+            Some(Ok(handle)) => handle.join().unwrap_or_else(|_| {
+                Err(Error::storage(
+                    "sweeping",
+                    std::io::Error::other("the sweeper thread panicked"),
+                ))
+            }),
+            Some(Err(err)) => Err(err),
+            None => Ok(0),
+        }
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        // Drop cannot report; `stop` is the way to see the error.
+        let _ = self.shutdown();
+    }
+}
