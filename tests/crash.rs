@@ -1,0 +1,365 @@
+//! Crash consistency with real processes: a child runs a mixed workload (claims, completions,
+//! releases, takeovers, a background sweeper; 8 threads so group-commit batches are in flight)
+//! and logs each acknowledged result *after* the store call returned Ok. The parent kills it
+//! with SIGKILL at a random moment, reopens the file and checks every acknowledged result
+//! against the store.
+//!
+//! `cargo test --test crash` runs 50 kills; `CRASH_ITERATIONS=1000 cargo test --release --test
+//! crash` runs the long version.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use idempotency_store::{
+    Claim, Fingerprint, Key, ManualClock, RecordState, Response, Result, Store, Timestamp,
+};
+
+const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
+const RETENTION: Duration = Duration::from_secs(10);
+const LEASE: Duration = Duration::from_secs(5);
+const THREADS: usize = 8;
+
+fn builder(clock: &ManualClock) -> idempotency_store::Builder {
+    let mut builder = Store::builder();
+    builder
+        .retention(RETENTION)
+        .lease(LEASE)
+        .max_batch(32)
+        .clock(clock.clone());
+    builder
+}
+
+fn fingerprint(key: &str) -> Fingerprint {
+    Fingerprint::of([key, "crash-body"])
+}
+
+/// The response a lease with `token` stores for `key`; a replay must equal it byte for byte.
+fn response_for(key: &str, token: u64) -> Response {
+    Response::new(201, format!("{key}:{token}")).with_header("x-token", token.to_le_bytes())
+}
+
+// ---------------------------------------------------------------- the child process
+
+/// Not a test on its own: the parent runs this binary with `CHILD_ENV` set, and this function
+/// then becomes the crashing workload. Without the variable it returns at once.
+#[test]
+fn crash_child_process() -> Result<()> {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return Ok(());
+    };
+    let iteration = std::env::var("IDEMPOTENCY_CRASH_ITERATION").unwrap_or_default();
+    let clock = ManualClock::new(Timestamp::EPOCH);
+    let store = Arc::new(builder(&clock).open(dir.join("store.redb"))?);
+    // Start where the file's time stands, so the child's ticks move the store's time.
+    clock.set(store.now());
+    let _sweeper = store.start_sweeper(Duration::from_millis(5), 64);
+    println!("ready");
+    std::io::stdout().flush().ok();
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (store, clock) = (Arc::clone(&store), clock.clone());
+            let log = dir.join(format!("log-{iteration}-{t}.txt"));
+            let prefix = format!("i{iteration}-w{t}");
+            std::thread::spawn(move || child_worker(&store, &clock, &log, &prefix))
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker panicked")?;
+    }
+    Ok(())
+}
+
+struct Log(File);
+
+impl Log {
+    fn line(&mut self, line: String) {
+        // Written after the store call returned Ok, and synced, so a logged result was
+        // acknowledged before the kill.
+        self.0
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("log write");
+        self.0.sync_data().expect("log sync");
+    }
+}
+
+fn child_worker(store: &Store, clock: &ManualClock, log: &Path, prefix: &str) -> Result<()> {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log");
+    let mut log = Log(file);
+    let mut abandoned: Vec<String> = Vec::new();
+    for i in 0u64.. {
+        clock.advance(Duration::from_millis(1));
+        // Every fifth round retries an abandoned key, which a lapsed lease lets us take over.
+        let name = match (i % 5, abandoned.is_empty()) {
+            (0, false) => abandoned.remove(0),
+            _ => format!("{prefix}-{i}"),
+        };
+        let key = Key::new(&name)?;
+        let before = store.now().as_millis();
+        let lease = match store.claim(&key, fingerprint(&name))? {
+            Claim::Acquired(lease) => lease,
+            Claim::InProgress { .. } => {
+                abandoned.push(name);
+                continue;
+            }
+            Claim::Completed(_) | Claim::Mismatch { .. } => continue,
+        };
+        let token = lease.token();
+        log.line(format!("A {name} {token} {before}"));
+        match i % 10 {
+            0..=5 => {
+                let before = store.now().as_millis();
+                store.complete(&lease, response_for(&name, token))?;
+                log.line(format!("C {name} {token} {before}"));
+            }
+            6 | 7 => {
+                log.line(format!("r {name} {token} 0"));
+                store.release(&lease)?;
+                log.line(format!("R {name} {token} 0"));
+            }
+            _ => abandoned.push(name),
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- the parent
+
+#[derive(Default, Debug)]
+struct KeyLog {
+    tokens: Vec<u64>,
+    first_seen: u64,
+    last: Option<(char, u64, u64)>,
+}
+
+fn read_logs(dir: &Path) -> HashMap<String, KeyLog> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("log-"))
+        })
+        .collect();
+    files.sort();
+    let mut keys: HashMap<String, KeyLog> = HashMap::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("read log");
+        // A line without its newline was cut by the kill: it was never acknowledged.
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        for line in complete.lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let [kind, name, token, clock] = parts[..] else {
+                panic!("bad log line {line:?} in {}", path.display());
+            };
+            let kind = kind.chars().next().expect("kind");
+            let (token, clock): (u64, u64) =
+                (token.parse().expect("token"), clock.parse().expect("clock"));
+            let entry = keys.entry(name.to_owned()).or_default();
+            if kind == 'A' {
+                if entry.tokens.is_empty() {
+                    entry.first_seen = clock;
+                }
+                entry.tokens.push(token);
+            }
+            entry.last = Some((kind, token, clock));
+        }
+    }
+    keys
+}
+
+/// Checks every logged key against the reopened store; returns the number of checks made.
+fn check(store: &Store, keys: &HashMap<String, KeyLog>, now: u64) -> Result<usize> {
+    let retention = RETENTION.as_millis() as u64;
+    let mut checks = 0;
+    for (name, log) in keys {
+        let Some((kind, token, clock)) = log.last else {
+            continue;
+        };
+        let view = store.lookup(&Key::new(name)?)?;
+        checks += 1;
+        let completed_with = |t: u64| {
+            matches!(&view, Some(v) if matches!(&v.state,
+                RecordState::Completed { response, .. } if *response == response_for(name, t)))
+        };
+        match kind {
+            'R' => assert!(
+                view.is_none(),
+                "{name}: released but still stored: {view:?}"
+            ),
+            'r' => assert!(
+                !matches!(&view, Some(v) if matches!(v.state, RecordState::Completed { .. })),
+                "{name}: completed although only released: {view:?}"
+            ),
+            'C' => {
+                if view.is_some() || clock + retention > now {
+                    assert!(
+                        completed_with(token),
+                        "{name}: acknowledged completion lost or altered: {view:?}"
+                    );
+                }
+            }
+            'A' => match &view {
+                None => assert!(
+                    log.first_seen + retention <= now,
+                    "{name}: acknowledged claim lost (first seen {}, now {now}): {log:?}",
+                    log.first_seen
+                ),
+                Some(v) => match &v.state {
+                    RecordState::InProgress { .. } => {}
+                    // The completion committed but the kill came before it was logged: it must
+                    // be this lease's response, never anything else.
+                    RecordState::Completed { .. } => assert!(
+                        completed_with(token),
+                        "{name}: completed with a response never acknowledged for token {token}: {view:?}"
+                    ),
+                },
+            },
+            other => panic!("unknown log kind {other}"),
+        }
+    }
+    Ok(checks)
+}
+
+/// An in-progress record of the dead child is taken over only once its lease lapses.
+fn check_takeover(
+    store: &Store,
+    clock: &ManualClock,
+    keys: &HashMap<String, KeyLog>,
+    log: &mut Log,
+) -> Result<bool> {
+    let now = store.now();
+    for name in keys.keys() {
+        let key = Key::new(name)?;
+        let Some(view) = store.lookup(&key)? else {
+            continue;
+        };
+        let RecordState::InProgress { lease_until, .. } = view.state else {
+            continue;
+        };
+        if lease_until <= now {
+            continue;
+        }
+        clock.set(Timestamp::from_millis(lease_until.as_millis() - 1));
+        assert!(
+            matches!(
+                store.claim(&key, fingerprint(name))?,
+                Claim::InProgress { .. }
+            ),
+            "{name}: taken over before its lease lapsed"
+        );
+        clock.set(lease_until);
+        let Claim::Acquired(lease) = store.claim(&key, fingerprint(name))? else {
+            panic!("{name}: not taken over after its lease lapsed");
+        };
+        assert_eq!(lease.attempt(), view.attempt + 1);
+        let before = store.now().as_millis();
+        log.line(format!("A {name} {} {before}", lease.token()));
+        store.complete(&lease, response_for(name, lease.token()))?;
+        log.line(format!("C {name} {} {before}", lease.token()));
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    nanos | 1
+}
+
+fn next(state: &mut u64) -> u64 {
+    // xorshift64: enough to spread the kill moments.
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return Ok(());
+    }
+    let iterations: usize = std::env::var("CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut rng = seed();
+    println!("crash test: seed {rng}, {iterations} kills");
+    let (mut kills, mut checks, mut takeovers, mut acknowledged) = (0, 0, 0, 0);
+    let started = Instant::now();
+    for iteration in 0..iterations {
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, dir.path())
+            .env("IDEMPOTENCY_CRASH_ITERATION", iteration.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let mut ready = String::new();
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        while !ready.contains("ready") {
+            ready.clear();
+            assert!(
+                out.read_line(&mut ready).expect("child stdout") > 0,
+                "child died before ready"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20 + next(&mut rng) % 300));
+        child.kill().expect("SIGKILL");
+        let status = child.wait().expect("wait");
+        assert!(!status.success(), "the child ended by itself: {status}");
+        kills += 1;
+
+        // Reopen: the clock at 0 means the store's time is the file's high-water mark.
+        let clock = ManualClock::new(Timestamp::EPOCH);
+        let store = builder(&clock).open(dir.path().join("store.redb"))?;
+        let report = store.verify()?;
+        assert!(report.is_clean(), "verify after kill {kills}: {report:?}");
+        let keys = read_logs(dir.path());
+        acknowledged = keys.values().filter(|k| k.last.is_some()).count();
+        let now = store.now();
+        clock.set(now);
+        checks += check(&store, &keys, now.as_millis())?;
+
+        // The store accepts new claims.
+        let fresh = Key::new(&format!("parent-{iteration}"))?;
+        let Claim::Acquired(lease) = store.claim(&fresh, fingerprint("parent"))? else {
+            panic!("the reopened store refused a fresh claim");
+        };
+        store.release(&lease)?;
+        let parent_log = dir.path().join(format!("log-parent-{iteration}.txt"));
+        let mut log = Log(File::create(parent_log).expect("parent log"));
+        takeovers += usize::from(check_takeover(&store, &clock, &keys, &mut log)?);
+        assert!(store.verify()?.is_clean());
+    }
+    println!(
+        "crash test: {kills} SIGKILLs, {checks} key checks ({acknowledged} keys acknowledged in all), \
+         {takeovers} takeovers after lease checked, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(kills, iterations);
+    assert!(
+        takeovers > 0,
+        "no in-progress record was left to check the takeover rule"
+    );
+    Ok(())
+}
