@@ -69,7 +69,7 @@ impl Store {
             if let Err(e) = Key::from_stored(key) {
                 report.problems.push(format!("record {name:?}: {e}"));
             }
-            let record = match Record::decode(value.value()) {
+            let record = match Record::decode(key, value.value()) {
                 Ok(record) => record,
                 Err(e) => {
                     report.problems.push(format!("record {name:?}: {e}"));
@@ -95,8 +95,8 @@ impl Store {
             let (expires_at, key) = index_key.value();
             report.expiry_entries += 1;
             let owner = records.get(key)?;
-            let matches =
-                owner.map(|v| Record::decode(v.value()).is_ok_and(|r| r.expires_at == expires_at));
+            let matches = owner
+                .map(|v| Record::decode(key, v.value()).is_ok_and(|r| r.expires_at == expires_at));
             if matches != Some(true) {
                 report.problems.push(format!(
                     "expiry entry ({expires_at}, {:?}) has no record expiring then",
@@ -124,8 +124,8 @@ impl Store {
             ..Stats::default()
         };
         for entry in records.iter()? {
-            let (_, value) = entry?;
-            let record = Record::decode(value.value())?;
+            let (key, value) = entry?;
+            let record = Record::decode(key.value(), value.value())?;
             if record.is_expired(now) {
                 stats.expired += 1;
                 continue;

@@ -146,14 +146,14 @@ pub(crate) struct Tables<'txn> {
 impl Tables<'_> {
     fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
         match self.records.get(key.as_stored())? {
-            Some(bytes) => Ok(Some(Record::decode(bytes.value())?)),
+            Some(bytes) => Ok(Some(Record::decode(key.as_stored(), bytes.value())?)),
             None => Ok(None),
         }
     }
 
     /// Writes `record`, moving its expiry entry from `old_expires_at` if it had one.
     fn put(&mut self, key: &Key, old_expires_at: Option<u64>, record: &Record) -> Result<(), Fail> {
-        let bytes = record.encode()?;
+        let bytes = record.encode(key.as_stored())?;
         let k = key.as_stored();
         if let Some(old) = old_expires_at.filter(|&old| old != record.expires_at) {
             self.expiry.remove((old, k))?;
@@ -294,7 +294,7 @@ impl Tables<'_> {
             // The index entry is the record's only if the times agree; the record itself is
             // then expired too. A disagreeing entry is stale and only the entry goes.
             let matches = match self.records.get(key)? {
-                Some(bytes) => Record::decode(bytes.value())
+                Some(bytes) => Record::decode(key, bytes.value())
                     .map(|r| r.expires_at == expires_at)
                     .unwrap_or(true),
                 None => false,

@@ -1,8 +1,12 @@
 //! The stored record and its versioned encoding.
 //!
-//! A record is one format-version byte followed by the postcard encoding of [`Record`]. The
-//! version byte lets a later release migrate or refuse old records instead of misreading them;
-//! decoding never panics and never accepts trailing bytes.
+//! A record is one format-version byte, the postcard encoding of [`Record`], and an 8-byte
+//! checksum over the stored key, the version byte and the encoding. The version byte lets a
+//! later release migrate or refuse old records instead of misreading them. The checksum is
+//! ours because redb verifies its page checksums only when it repairs after a crash: a bit
+//! flipped on disk must surface as `Error::Corrupted`, never as a wrong replay, and binding the
+//! key means a record cannot be served under another key. Decoding never panics and never
+//! accepts trailing bytes.
 
 use serde::{Deserialize, Serialize};
 
@@ -86,14 +90,24 @@ impl Record {
         now.as_millis() >= self.expires_at
     }
 
-    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
-        let mut out = vec![FORMAT_VERSION];
-        postcard::to_io(self, &mut out).map_err(|e| Error::storage("encoding a record", e))?;
+    pub(crate) fn encode(&self, key: &[u8]) -> Result<Vec<u8>> {
+        let mut out = postcard::to_extend(self, vec![FORMAT_VERSION])
+            .map_err(|e| Error::storage("encoding a record", e))?;
+        let sum = checksum(key, &out);
+        out.extend_from_slice(&sum);
         Ok(out)
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
-        let Some((&version, body)) = bytes.split_first() else {
+    pub(crate) fn decode(key: &[u8], bytes: &[u8]) -> Result<Self> {
+        let Some((versioned, sum)) = bytes.split_last_chunk::<CHECKSUM_LEN>() else {
+            return Err(Error::corrupted("record shorter than its checksum"));
+        };
+        if checksum(key, versioned) != *sum {
+            return Err(Error::corrupted(
+                "record checksum mismatch (damaged on disk)",
+            ));
+        }
+        let Some((&version, body)) = versioned.split_first() else {
             return Err(Error::corrupted("empty record"));
         };
         if version != FORMAT_VERSION {
@@ -114,13 +128,33 @@ impl Record {
     }
 }
 
-/// Decodes arbitrary bytes as a record and, when they decode, checks that re-encoding gives
-/// the same bytes. The fuzz target and its corpus replay call this; it must never panic.
+const CHECKSUM_LEN: usize = 8;
+
+fn checksum(key: &[u8], versioned: &[u8]) -> [u8; CHECKSUM_LEN] {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&(key.len() as u64).to_le_bytes());
+    hasher.update(key);
+    hasher.update(versioned);
+    let mut sum = [0; CHECKSUM_LEN];
+    hasher.finalize_xof().fill(&mut sum);
+    sum
+}
+
+/// Decodes arbitrary bytes as a stored record, twice: as they are (the checksum must reject
+/// them) and with a valid checksum appended, so that the postcard decoder itself meets the
+/// arbitrary bytes. A record that decodes must survive re-encoding. The fuzz target and its
+/// corpus replay in `cargo test` call this; it must never panic.
 #[doc(hidden)]
 pub fn fuzz_decode_record(data: &[u8]) {
-    if let Ok(record) = Record::decode(data) {
+    const KEY: &[u8] = b"\x00fuzz";
+    let _ = Record::decode(KEY, data);
+    let mut sealed = data.to_vec();
+    sealed.extend_from_slice(&checksum(KEY, data));
+    if let Ok(record) = Record::decode(KEY, &sealed) {
         // postcard is canonical except for varint padding, so compare decoded values, not bytes.
-        let again = record.encode().and_then(|bytes| Record::decode(&bytes));
+        let again = record
+            .encode(KEY)
+            .and_then(|bytes| Record::decode(KEY, &bytes));
         assert_eq!(again.ok().as_ref(), Some(&record));
     }
 }
@@ -142,27 +176,52 @@ mod tests {
         }
     }
 
+    const KEY: &[u8] = b"\x00k";
+
+    fn reseal(versioned: &[u8]) -> Vec<u8> {
+        let mut out = versioned.to_vec();
+        out.extend_from_slice(&checksum(KEY, versioned));
+        out
+    }
+
     #[test]
     fn round_trips() -> Result<()> {
         let rec = sample();
-        assert_eq!(Record::decode(&rec.encode()?)?, rec);
+        assert_eq!(Record::decode(KEY, &rec.encode(KEY)?)?, rec);
+        Ok(())
+    }
+
+    #[test]
+    fn any_flipped_bit_or_another_key_is_detected() -> Result<()> {
+        let bytes = sample().encode(KEY)?;
+        for i in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[i / 8] ^= 1 << (i % 8);
+            assert!(matches!(
+                Record::decode(KEY, &flipped),
+                Err(Error::Corrupted { .. })
+            ));
+        }
+        assert!(Record::decode(b"\x00other", &bytes).is_err());
         Ok(())
     }
 
     #[test]
     fn rejects_unknown_version_truncation_and_trailing_bytes() -> Result<()> {
-        let bytes = sample().encode()?;
-        let mut other = bytes.clone();
+        let bytes = sample().encode(KEY)?;
+        let versioned = &bytes[..bytes.len() - CHECKSUM_LEN];
+        let mut other = versioned.to_vec();
         other[0] = 2;
-        assert!(matches!(
-            Record::decode(&other),
-            Err(Error::Corrupted { .. })
-        ));
-        assert!(Record::decode(&bytes[..bytes.len() - 1]).is_err());
-        let mut long = bytes.clone();
+        let err = Record::decode(KEY, &reseal(&other))
+            .err()
+            .map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("format version 2")));
+        assert!(Record::decode(KEY, &reseal(&versioned[..versioned.len() - 1])).is_err());
+        let mut long = versioned.to_vec();
         long.push(0);
-        assert!(Record::decode(&long).is_err());
-        assert!(Record::decode(&[]).is_err());
+        assert!(Record::decode(KEY, &reseal(&long)).is_err());
+        assert!(Record::decode(KEY, &[]).is_err());
+        assert!(Record::decode(KEY, &reseal(&[])).is_err());
         Ok(())
     }
 }

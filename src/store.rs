@@ -342,7 +342,9 @@ impl Store {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(RECORDS)?;
         let bytes = table.get(key.as_stored())?;
-        bytes.map(|b| Record::decode(b.value())).transpose()
+        bytes
+            .map(|b| Record::decode(key.as_stored(), b.value()))
+            .transpose()
     }
 
     fn settle(&self, op: Op) -> Result<()> {
