@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, contain};
 use crate::key::MAX_KEY_LEN;
 use crate::store::Store;
 
@@ -153,8 +153,40 @@ impl Builder {
     /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
-        let db = self.redb().create(path.as_ref())?;
-        Store::init(db, self.clone(), Some(path.as_ref().to_path_buf()))
+        let path = path.as_ref();
+        contain("opening the store", || {
+            let db = self.open_file(path)?;
+            Store::init(db, self.clone(), Some(path.to_path_buf()))
+        })
+    }
+
+    fn open_file(&self, path: &Path) -> Result<redb::Database> {
+        // redb would initialise an empty file as a new database; a store file truncated to
+        // nothing must not silently come back empty (every retry would run again).
+        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            return Err(Error::NotAStore {
+                reason: format!(
+                    "{} is empty (0 bytes); if it is a new file, delete it and the store will \
+                     create it",
+                    path.display()
+                ),
+            });
+        }
+        self.redb().create(path).map_err(|err| match err {
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.kind() == std::io::ErrorKind::InvalidData =>
+            {
+                Error::NotAStore {
+                    reason: io.to_string(),
+                }
+            }
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                Error::corrupted(format!("the file is truncated ({io})"))
+            }
+            other => other.into(),
+        })
     }
 
     /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
@@ -172,8 +204,10 @@ impl Builder {
     /// As for [`Builder::open`].
     pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
-        let db = self.redb().create_with_backend(backend)?;
-        Store::init(db, self.clone(), None)
+        contain("opening the store", || {
+            let db = self.redb().create_with_backend(backend)?;
+            Store::init(db, self.clone(), None)
+        })
     }
 
     fn redb(&self) -> redb::Builder {

@@ -107,6 +107,25 @@ impl Error {
     }
 }
 
+/// Runs `f`, turning a panic inside the storage engine into [`Error::Corrupted`].
+///
+/// redb 4.6 panics on some damaged files (for example "Malformed allocator state" when it loads
+/// a corrupted allocator snapshot at open) instead of returning an error. A damaged file must
+/// never take the caller's thread down, so every entry into redb goes through here.
+pub(crate) fn contain<T>(what: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_owned());
+        Err(Error::corrupted(format!(
+            "the storage engine failed while {what}, most likely on a damaged file ({message}); \
+             reopen the store, and restore the file if this persists"
+        )))
+    })
+}
+
 /// Maps redb's storage errors, keeping corruption distinct from I/O so the caller can tell a
 /// damaged file from a failing disk.
 pub(crate) fn from_storage(context: &'static str, err: redb::StorageError) -> Error {

@@ -2,7 +2,7 @@
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use crate::error::Result;
+use crate::error::{Result, contain};
 use crate::key::Key;
 use crate::ops::{EXPIRY, META, META_NEXT_TOKEN, RECORDS};
 use crate::record::{Record, State};
@@ -53,7 +53,11 @@ impl Store {
     /// [`Error::Storage`](crate::Error::Storage) if the file cannot be read. Damaged records
     /// are reported as problems, not errors.
     pub fn verify(&self) -> Result<VerifyReport> {
-        let txn = self.db.begin_read()?;
+        contain("verifying", || self.walk())
+    }
+
+    fn walk(&self) -> Result<VerifyReport> {
+        let txn = self.db()?.begin_read()?;
         let records = txn.open_table(RECORDS)?;
         let expiry = txn.open_table(EXPIRY)?;
         let next_token = txn
@@ -94,9 +98,10 @@ impl Store {
             let (index_key, _) = entry?;
             let (expires_at, key) = index_key.value();
             report.expiry_entries += 1;
-            let owner = records.get(key)?;
-            let matches = owner
-                .map(|v| Record::decode(key, v.value()).is_ok_and(|r| r.expires_at == expires_at));
+            // An undecodable owner was reported by the record walk already.
+            let matches = records.get(key)?.map(|v| {
+                Record::decode(key, v.value()).map_or(true, |r| r.expires_at == expires_at)
+            });
             if matches != Some(true) {
                 report.problems.push(format!(
                     "expiry entry ({expires_at}, {:?}) has no record expiring then",
@@ -113,8 +118,12 @@ impl Store {
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Corrupted`](crate::Error::Corrupted)
     /// if a record cannot be read.
     pub fn stats(&self) -> Result<Stats> {
+        contain("counting records", || self.count())
+    }
+
+    fn count(&self) -> Result<Stats> {
         let now = self.now();
-        let txn = self.db.begin_read()?;
+        let txn = self.db()?.begin_read()?;
         let records = txn.open_table(RECORDS)?;
         let mut stats = Stats {
             file_bytes: self

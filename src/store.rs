@@ -8,7 +8,7 @@ use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, Table
 use crate::clock::{Timestamp, millis};
 use crate::commit::Committer;
 use crate::config::{Builder, Durability};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, contain};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::ops::{
@@ -26,7 +26,9 @@ use crate::wait::Waiters;
 /// read transactions beside the writer. Write calls from many threads share commits (group
 /// commit) and each returns only after the commit holding its write is durable.
 pub struct Store {
-    pub(crate) db: Database,
+    /// Always `Some` until the store is dropped; an `Option` so that `Drop` can contain a
+    /// panic of redb's own drop on a damaged file.
+    db: Option<Database>,
     pub(crate) config: Builder,
     path: Option<PathBuf>,
     committer: Committer,
@@ -99,7 +101,7 @@ impl Store {
         };
         txn.commit()?;
         Ok(Store {
-            db,
+            db: Some(db),
             committer: Committer::new(config.max_batch),
             config,
             path,
@@ -319,6 +321,15 @@ impl Store {
         self.path.as_deref()
     }
 
+    pub(crate) fn db(&self) -> Result<&Database> {
+        self.db.as_ref().ok_or_else(|| {
+            Error::storage(
+                "using the store",
+                std::io::Error::other("the store is closed"),
+            )
+        })
+    }
+
     fn check_key(&self, key: &Key) -> Result<()> {
         let max = self.config.max_key_len;
         let longest = key.key().len().max(key.scope().map_or(0, str::len));
@@ -339,12 +350,14 @@ impl Store {
     }
 
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
-        let txn = self.db.begin_read()?;
-        let table = txn.open_table(RECORDS)?;
-        let bytes = table.get(key.as_stored())?;
-        bytes
-            .map(|b| Record::decode(key.as_stored(), b.value()))
-            .transpose()
+        contain("reading a record", || {
+            let txn = self.db()?.begin_read()?;
+            let table = txn.open_table(RECORDS)?;
+            let bytes = table.get(key.as_stored())?;
+            bytes
+                .map(|b| Record::decode(key.as_stored(), b.value()))
+                .transpose()
+        })
     }
 
     fn settle(&self, op: Op) -> Result<()> {
@@ -359,7 +372,7 @@ impl Store {
     /// batch's error for every caller if it did not.
     fn run_batch(&self, ops: Vec<Op>) -> Vec<Result<Done>> {
         let settled: Vec<Option<Key>> = ops.iter().map(|op| op.settles().cloned()).collect();
-        match self.write_batch(ops) {
+        match contain("writing a batch", || self.write_batch(ops)) {
             Ok(results) => {
                 for (key, result) in settled.iter().zip(&results) {
                     if let (Some(key), Ok(_)) = (key, result) {
@@ -373,7 +386,7 @@ impl Store {
     }
 
     fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
-        let mut txn = self.db.begin_write()?;
+        let mut txn = self.db()?.begin_write()?;
         if self.config.durability == Durability::QuickRepair {
             txn.set_quick_repair(true);
         }
@@ -409,6 +422,19 @@ impl Store {
         }
         txn.commit()?;
         Ok(results)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(db) = self.db.take() {
+            // redb's drop saves the allocator state and can panic on a damaged file; the error
+            // is already reported by the call that met the damage.
+            let _ = contain("closing the store", || {
+                drop(db);
+                Ok(())
+            });
+        }
     }
 }
 

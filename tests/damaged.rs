@@ -1,0 +1,290 @@
+//! Damaged and foreign files: every case gives a clear error naming the problem, never a panic
+//! and never a wrong replay.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use idempotency_store::{Claim, Error, Fingerprint, Key, RecordState, Response, Result, Store};
+use redb::ReadableTable;
+
+const RECORDS: redb::TableDefinition<&[u8], &[u8]> =
+    redb::TableDefinition::new("idempotency_records");
+const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("idempotency_meta");
+
+fn fp(i: usize) -> Fingerprint {
+    Fingerprint::of([format!("req-{i}")])
+}
+
+fn response(i: usize) -> Response {
+    Response::new(200, format!("response body number {i} ").repeat(8))
+}
+
+/// A closed store file with `n` completed keys.
+fn pristine(dir: &Path, n: usize) -> Result<PathBuf> {
+    let path = dir.join("pristine.redb");
+    let store = Store::open(&path)?;
+    for i in 0..n {
+        let Claim::Acquired(lease) = store.claim(&Key::new(&format!("key-{i}"))?, fp(i))? else {
+            panic!("fresh key not acquired");
+        };
+        store.complete(&lease, response(i))?;
+    }
+    Ok(path)
+}
+
+fn message(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[test]
+fn zero_length_file_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("empty.redb");
+    std::fs::write(&path, b"").expect("write");
+    let err = Store::open(&path).expect_err("an empty file must not open as an empty store");
+    assert!(matches!(err, Error::NotAStore { .. }), "{err:?}");
+    assert!(message(&err).contains("empty"), "{}", message(&err));
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "these are my notes, not a database\n".repeat(500)).expect("write");
+    let err = Store::open(&path).expect_err("a text file must not open");
+    println!("text file: {}", message(&err));
+    assert!(
+        matches!(err, Error::NotAStore { .. } | Error::Corrupted { .. }),
+        "{err:?}"
+    );
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(
+        text.starts_with("these are my notes"),
+        "the foreign file was modified"
+    );
+}
+
+#[test]
+fn a_redb_database_without_our_tables_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&path).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("users"))
+            .expect("table");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&path).expect_err("someone else's database");
+    assert!(
+        matches!(&err, Error::NotAStore { reason } if reason.contains("users")),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_store_of_a_newer_format_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 1)?;
+    {
+        let db = redb::Database::create(&path).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(META)
+            .expect("meta")
+            .insert("format_version", 2)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&path).expect_err("format 2");
+    assert!(
+        matches!(&err, Error::NotAStore { reason } if reason.contains("version 2")),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 2)?;
+    let key = Key::new("key-0")?;
+    {
+        // Rewrite key-0's record as version 2 with a valid checksum, as a future release might.
+        let db = redb::Database::create(&path).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut table = txn.open_table(RECORDS).expect("records");
+            let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
+            let old = table
+                .get(&stored[..])
+                .expect("get")
+                .expect("present")
+                .value()
+                .to_vec();
+            let mut versioned = old[..old.len() - 8].to_vec();
+            versioned[0] = 2;
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(&(stored.len() as u64).to_le_bytes());
+            hasher.update(&stored);
+            hasher.update(&versioned);
+            let mut sum = [0u8; 8];
+            hasher.finalize_xof().fill(&mut sum);
+            versioned.extend_from_slice(&sum);
+            table.insert(&stored[..], &versioned[..]).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    let store = Store::open(&path)?;
+    let err = store
+        .claim(&key, fp(0))
+        .expect_err("must not replay or re-run");
+    assert!(
+        matches!(&err, Error::Corrupted { reason } if reason.contains("version 2")),
+        "{err:?}"
+    );
+    assert!(matches!(store.lookup(&key), Err(Error::Corrupted { .. })));
+    let report = store.verify()?;
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    assert!(report.problems[0].contains("version 2"), "{report:?}");
+    // The other key is unaffected.
+    assert!(
+        matches!(store.claim(&Key::new("key-1")?, fp(1))?, Claim::Completed(r) if r.response == response(1))
+    );
+    Ok(())
+}
+
+#[test]
+fn a_truncated_file_is_an_error() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 300)?;
+    let len = std::fs::metadata(&path).expect("meta").len();
+    for cut in [len / 2, len / 4, 4096, 100, 1] {
+        let copy = dir.path().join(format!("cut-{cut}.redb"));
+        std::fs::copy(&path, &copy).expect("copy");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&copy)
+            .and_then(|f| f.set_len(cut))
+            .expect("truncate");
+        match Store::open(&copy) {
+            Err(err) => println!("truncated to {cut}: {}", message(&err)),
+            Ok(store) => {
+                // redb may recover an older consistent state; whatever it serves must be right.
+                check_no_wrong_replay(&store, 300)?;
+                println!("truncated to {cut}: opened; every served record was correct");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every key either errors, is absent, or replays exactly what was stored.
+fn check_no_wrong_replay(store: &Store, n: usize) -> Result<usize> {
+    let mut served = 0;
+    for i in 0..n {
+        let key = Key::new(&format!("key-{i}"))?;
+        match store.lookup(&key) {
+            Ok(Some(view)) => {
+                assert_eq!(view.fingerprint, fp(i), "key-{i}: wrong fingerprint served");
+                let RecordState::Completed { response: r, .. } = view.state else {
+                    panic!("key-{i}: state changed");
+                };
+                assert_eq!(r, response(i), "key-{i}: wrong replay");
+                served += 1;
+            }
+            Ok(None) | Err(Error::Corrupted { .. } | Error::Storage { .. }) => {}
+            Err(other) => panic!("key-{i}: unexpected error {other:?}"),
+        }
+    }
+    Ok(served)
+}
+
+#[test]
+fn random_bit_flips_never_panic_and_never_replay_wrong_data() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 300)?;
+    let original = std::fs::read(&path).expect("read");
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut refused, mut opened, mut served, mut problems) = (0, 0, 0, 0);
+    for trial in 0..200 {
+        let mut bytes = original.clone();
+        for _ in 0..=(trial % 8) {
+            let bit = (next() % (bytes.len() as u64 * 8)) as usize;
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        let copy = dir.path().join("flipped.redb");
+        std::fs::write(&copy, &bytes).expect("write");
+        match Store::open(&copy) {
+            Err(_) => refused += 1,
+            Ok(store) => {
+                opened += 1;
+                served += check_no_wrong_replay(&store, 300)?;
+                problems += store.verify().map_or(1, |r| usize::from(!r.is_clean()));
+            }
+        }
+    }
+    println!(
+        "bit flips: 200 damaged copies, {refused} refused at open, {opened} opened \
+         ({problems} with verify problems), {served} records served, all correct"
+    );
+    Ok(())
+}
+
+#[test]
+fn holder_process_for_the_lock_test() -> Result<()> {
+    let Some(path) = std::env::var_os("IDEMPOTENCY_HOLD_OPEN") else {
+        return Ok(());
+    };
+    let _store = Store::open(PathBuf::from(path))?;
+    println!("holding");
+    std::io::stdout().flush().ok();
+    // Hold the file until the parent closes our stdin.
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).ok();
+    Ok(())
+}
+
+#[test]
+fn a_file_open_in_another_process_is_refused() -> Result<()> {
+    if std::env::var_os("IDEMPOTENCY_HOLD_OPEN").is_some() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("held.redb");
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "holder_process_for_the_lock_test", "--nocapture"])
+        .env("IDEMPOTENCY_HOLD_OPEN", &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    while !line.contains("holding") {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("read") > 0, "holder died");
+    }
+    let err = Store::open(&path).expect_err("the file is held by the child");
+    assert!(matches!(err, Error::AlreadyOpen), "{err:?}");
+    assert!(err.to_string().contains("already open"));
+    drop(child.stdin.take());
+    assert!(child.wait().expect("wait").success());
+    // Once the holder is gone the file opens.
+    Store::open(&path)?;
+    Ok(())
+}
