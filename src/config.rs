@@ -51,7 +51,23 @@ pub struct Builder {
     pub(crate) max_response_bytes: usize,
     pub(crate) cache_size: usize,
     pub(crate) max_batch: usize,
+    pub(crate) max_records: Option<u64>,
+    pub(crate) max_bytes: Option<u64>,
+    pub(crate) when_full: WhenFull,
     pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// What a claim of a new key does when the store is at its `max_records` or `max_bytes`
+/// quota (after deleting expired records, which is always done first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Refuse the claim with [`Error::QuotaExceeded`]: fail closed. The default.
+    #[default]
+    Refuse,
+    /// Delete the oldest completed records to make room. Their keys then run afresh if
+    /// retried, so opt in only where that is acceptable. In-progress records are never evicted.
+    EvictOldestCompleted,
 }
 
 impl Default for Builder {
@@ -64,6 +80,9 @@ impl Default for Builder {
             max_response_bytes: 1 << 20,
             cache_size: 16 << 20,
             max_batch: 128,
+            max_records: None,
+            max_bytes: None,
+            when_full: WhenFull::Refuse,
             clock: Arc::new(SystemClock),
         }
     }
@@ -79,6 +98,9 @@ impl std::fmt::Debug for Builder {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("cache_size", &self.cache_size)
             .field("max_batch", &self.max_batch)
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .field("when_full", &self.when_full)
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +158,29 @@ impl Builder {
     /// every call then pays its own commit. Defaults to 128.
     pub fn max_batch(&mut self, calls: usize) -> &mut Self {
         self.max_batch = calls;
+        self
+    }
+
+    /// The most records the store holds (any state, expired ones included until swept). A
+    /// claim of a new key beyond it first deletes expired records, then follows
+    /// [`when_full`](Builder::when_full). Defaults to no limit.
+    pub fn max_records(&mut self, records: u64) -> &mut Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// The most bytes of stored keys and records (not counting redb's own overhead, roughly
+    /// half again on top). Checked when a new key is claimed; completions of keys already
+    /// claimed are never refused, so the store can pass the limit by up to the number of
+    /// in-flight claims times `max_response_bytes`. Defaults to no limit.
+    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// What a new claim does when a quota is reached. Defaults to [`WhenFull::Refuse`].
+    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
+        self.when_full = policy;
         self
     }
 

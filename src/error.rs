@@ -38,6 +38,22 @@ pub enum Error {
     #[error("lease lost: the key was taken over, released or expired; nothing was written")]
     LeaseLost,
 
+    /// The store is full: a new key was refused because the store holds `max` records (or
+    /// bytes) already. Nothing was written. Answer 503 and retry later: room comes back as
+    /// records expire and are swept, or, if enabled, by evicting the oldest completed records.
+    /// Claims of keys already stored, and completions, are never refused for quota.
+    #[error(
+        "quota exceeded: {used} of {max} allowed by {limit}; new keys are refused until records expire"
+    )]
+    QuotaExceeded {
+        /// Which limit: `max_records` or `max_bytes`.
+        limit: &'static str,
+        /// What the store holds now.
+        used: u64,
+        /// The configured limit.
+        max: u64,
+    },
+
     /// A builder setting is out of range. Fix the configuration.
     #[error("invalid configuration: {reason}")]
     InvalidConfig {

@@ -81,7 +81,7 @@ mod sweep;
 mod wait;
 
 pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use crate::config::{Builder, Durability};
+pub use crate::config::{Builder, Durability, WhenFull};
 pub use crate::error::{Error, Result};
 pub use crate::fingerprint::Fingerprint;
 pub use crate::key::{Key, MAX_KEY_LEN};

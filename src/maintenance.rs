@@ -4,7 +4,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::{Result, contain};
 use crate::key::Key;
-use crate::ops::{EXPIRY, META, META_NEXT_TOKEN, RECORDS};
+use crate::ops::{EXPIRY, META, META_BYTES, META_NEXT_TOKEN, META_RECORDS, RECORDS};
 use crate::record::{Record, State};
 use crate::store::Store;
 
@@ -60,15 +60,18 @@ impl Store {
         let txn = self.db()?.begin_read()?;
         let records = txn.open_table(RECORDS)?;
         let expiry = txn.open_table(EXPIRY)?;
-        let next_token = txn
-            .open_table(META)?
-            .get(META_NEXT_TOKEN)?
-            .map_or(0, |v| v.value());
+        let meta = txn.open_table(META)?;
+        let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
+        let next_token = stored(META_NEXT_TOKEN)?;
+        let counted = (stored(META_RECORDS)?, stored(META_BYTES)?);
+        let mut actual = (0u64, 0u64);
         let mut report = VerifyReport::default();
         for entry in records.iter()? {
             let (key, value) = entry?;
             let key = key.value();
             report.records += 1;
+            actual.0 += 1;
+            actual.1 += (key.len() + value.value().len()) as u64;
             let name = String::from_utf8_lossy(key);
             if let Err(e) = Key::from_stored(key) {
                 report.problems.push(format!("record {name:?}: {e}"));
@@ -93,6 +96,11 @@ impl Store {
                     "record {name:?} holds token {token}, not below the counter {next_token}"
                 ));
             }
+        }
+        if actual != counted {
+            report.problems.push(format!(
+                "usage counters say {counted:?} (records, bytes) but the table holds {actual:?}"
+            ));
         }
         for entry in expiry.iter()? {
             let (index_key, _) = entry?;

@@ -20,12 +20,19 @@ pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
 /// `(expires_at_ms, stored key)` → `()`: exactly one entry per record.
 pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
     TableDefinition::new("idempotency_expiry");
-/// Format version, the fencing-token counter and the clock's high-water mark.
+/// Format version, the fencing-token counter, the clock's high-water mark and usage counters.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
 
 pub(crate) const META_FORMAT: &str = "format_version";
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
+pub(crate) const META_RECORDS: &str = "record_count";
+pub(crate) const META_BYTES: &str = "record_bytes";
+
+/// How many expired records a claim that finds the store full deletes before giving up.
+const ROOM_SWEEP: usize = 64;
+/// How far into the expiry index eviction looks for a completed record.
+const EVICT_SCAN: usize = 256;
 
 /// A write call, as queued for the group commit.
 pub(crate) enum Op {
@@ -98,6 +105,49 @@ pub(crate) struct Ctx {
     pub lease_ms: u64,
     pub retention_ms: u64,
     pub next_token: u64,
+    pub quota: Quota,
+}
+
+/// Storage limits for new claims (see `Builder::max_records`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Quota {
+    pub max_records: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub evict_completed: bool,
+}
+
+impl Quota {
+    /// The limit that one more record would break, if any.
+    fn exceeded(&self, usage: Usage) -> Option<Error> {
+        let over = |used: u64, max: Option<u64>, limit| {
+            max.filter(|&max| used >= max)
+                .map(|max| Error::QuotaExceeded { limit, used, max })
+        };
+        over(usage.records, self.max_records, "max_records")
+            .or_else(|| over(usage.bytes, self.max_bytes, "max_bytes"))
+    }
+}
+
+/// What the records table holds: record count, and bytes of stored keys plus record values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub records: u64,
+    pub bytes: u64,
+}
+
+impl Usage {
+    pub(crate) fn replaced(&mut self, key: usize, new: usize, old: Option<usize>) {
+        self.removed(key, old);
+        self.records += 1;
+        self.bytes = self.bytes.saturating_add((key + new) as u64);
+    }
+
+    pub(crate) fn removed(&mut self, key: usize, old: Option<usize>) {
+        if let Some(old) = old {
+            self.records = self.records.saturating_sub(1);
+            self.bytes = self.bytes.saturating_sub((key + old) as u64);
+        }
+    }
 }
 
 /// How a claim is answered, decided the same way on the read path and the write path.
@@ -137,10 +187,11 @@ pub(crate) fn decide(record: Option<Record>, fingerprint: Fingerprint, now: Time
     }
 }
 
-/// The two data tables, open in one write transaction.
+/// The two data tables, open in one write transaction, and their usage counters.
 pub(crate) struct Tables<'txn> {
     pub records: Table<'txn, &'static [u8], &'static [u8]>,
     pub expiry: Table<'txn, (u64, &'static [u8]), ()>,
+    pub usage: Usage,
 }
 
 impl Tables<'_> {
@@ -159,14 +210,18 @@ impl Tables<'_> {
             self.expiry.remove((old, k))?;
         }
         self.expiry.insert((record.expires_at, k), ())?;
-        self.records.insert(k, bytes.as_slice())?;
+        let old = self
+            .records
+            .insert(k, bytes.as_slice())?
+            .map(|v| v.value().len());
+        self.usage.replaced(k.len(), bytes.len(), old);
         Ok(())
     }
 
-    fn delete(&mut self, key: &Key, expires_at: u64) -> Result<(), Fail> {
-        let k = key.as_stored();
-        self.expiry.remove((expires_at, k))?;
-        self.records.remove(k)?;
+    fn delete(&mut self, key: &[u8], expires_at: u64) -> Result<(), Fail> {
+        self.expiry.remove((expires_at, key))?;
+        let old = self.records.remove(key)?.map(|v| v.value().len());
+        self.usage.removed(key.len(), old);
         Ok(())
     }
 
@@ -193,7 +248,7 @@ impl Tables<'_> {
             } => self.complete(ctx, &key, token, response),
             Op::Release { key, token } => {
                 let record = self.held(&key, token, ctx.now)?;
-                self.delete(&key, record.expires_at)?;
+                self.delete(key.as_stored(), record.expires_at)?;
                 Ok(Done::Settled)
             }
             Op::Heartbeat { key, token } => self.heartbeat(ctx, &key, token),
@@ -214,7 +269,12 @@ impl Tables<'_> {
         let old_expires_at = existing.as_ref().map(|r| r.expires_at);
         let (created_at, attempt, checkpoint) = match decide(existing, fingerprint, ctx.now) {
             Decision::Answer(answer) => return Ok(answer),
-            Decision::Fresh => (ctx.now.as_millis(), 1, None),
+            Decision::Fresh => {
+                if old_expires_at.is_none() {
+                    self.make_room(ctx)?;
+                }
+                (ctx.now.as_millis(), 1, None)
+            }
             Decision::Takeover(old) => {
                 let checkpoint = match old.state {
                     State::InProgress { checkpoint, .. } => checkpoint,
@@ -300,10 +360,51 @@ impl Tables<'_> {
                 None => false,
             };
             if matches {
-                self.records.remove(key)?;
+                let old = self.records.remove(key)?.map(|v| v.value().len());
+                self.usage.removed(key.len(), old);
                 swept += 1;
             }
         }
         Ok(swept)
+    }
+
+    /// Makes room for one more record, or fails closed with `QuotaExceeded`. Expired records
+    /// go first; completed ones only if the user opted in; in-progress records never. The
+    /// deletions are valid on their own, so they stay in the batch even if the claim fails.
+    fn make_room(&mut self, ctx: &Ctx) -> Result<(), Fail> {
+        if ctx.quota.exceeded(self.usage).is_none() {
+            return Ok(());
+        }
+        self.sweep(ctx.now, ROOM_SWEEP)?;
+        if ctx.quota.evict_completed {
+            while ctx.quota.exceeded(self.usage).is_some() && self.evict_oldest_completed()? {}
+        }
+        match ctx.quota.exceeded(self.usage) {
+            Some(err) => Err(Fail::Op(err)),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes the completed record that expires first (the oldest completion, as all share
+    /// one retention); false if none is found near the front of the expiry index.
+    fn evict_oldest_completed(&mut self) -> Result<bool, Fail> {
+        let mut victim = None;
+        for entry in self.expiry.iter()?.take(EVICT_SCAN) {
+            let (index_key, _) = entry?;
+            let (expires_at, key) = index_key.value();
+            let completed = match self.records.get(key)? {
+                Some(bytes) => Record::decode(key, bytes.value())
+                    .is_ok_and(|r| matches!(r.state, State::Completed { .. })),
+                None => false,
+            };
+            if completed {
+                victim = Some((expires_at, key.to_vec()));
+                break;
+            }
+        }
+        match victim {
+            Some((expires_at, key)) => self.delete(&key, expires_at).map(|()| true),
+            None => Ok(false),
+        }
     }
 }

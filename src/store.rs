@@ -7,13 +7,13 @@ use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, Table
 
 use crate::clock::{Timestamp, millis};
 use crate::commit::Committer;
-use crate::config::{Builder, Durability};
+use crate::config::{Builder, Durability, WhenFull};
 use crate::error::{Error, Result, contain};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::ops::{
-    Ctx, Decision, Done, EXPIRY, Fail, META, META_CLOCK, META_FORMAT, META_NEXT_TOKEN, Op, RECORDS,
-    Tables, decide,
+    Ctx, Decision, Done, EXPIRY, Fail, META, META_BYTES, META_CLOCK, META_FORMAT, META_NEXT_TOKEN,
+    META_RECORDS, Op, Quota, RECORDS, Tables, Usage, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
 use crate::record::{FORMAT_VERSION, Record, Response, State};
@@ -393,18 +393,28 @@ impl Store {
         let mut results = Vec::with_capacity(ops.len());
         {
             let mut meta = txn.open_table(META)?;
-            let mut tables = Tables {
-                records: txn.open_table(RECORDS)?,
-                expiry: txn.open_table(EXPIRY)?,
-            };
             let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
             let (first_token, stored_clock) =
                 (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
+            let usage = Usage {
+                records: stored(META_RECORDS)?,
+                bytes: stored(META_BYTES)?,
+            };
+            let mut tables = Tables {
+                records: txn.open_table(RECORDS)?,
+                expiry: txn.open_table(EXPIRY)?,
+                usage,
+            };
             let mut ctx = Ctx {
                 now: self.now(),
                 lease_ms: millis(self.config.lease),
                 retention_ms: millis(self.config.retention),
                 next_token: first_token,
+                quota: Quota {
+                    max_records: self.config.max_records,
+                    max_bytes: self.config.max_bytes,
+                    evict_completed: self.config.when_full == WhenFull::EvictOldestCompleted,
+                },
             };
             for op in ops {
                 match tables.apply(&mut ctx, op) {
@@ -418,6 +428,10 @@ impl Store {
             }
             if ctx.now.as_millis() > stored_clock {
                 meta.insert(META_CLOCK, ctx.now.as_millis())?;
+            }
+            if tables.usage != usage {
+                meta.insert(META_RECORDS, tables.usage.records)?;
+                meta.insert(META_BYTES, tables.usage.bytes)?;
             }
         }
         txn.commit()?;
