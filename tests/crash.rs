@@ -7,7 +7,6 @@
 //! `cargo test --test crash` runs 50 kills; `CRASH_ITERATIONS=1000 cargo test --release --test
 //! crash` runs the long version.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,9 +14,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use idempotency_store::{
-    Claim, Fingerprint, Key, ManualClock, RecordState, Response, Result, Store, Timestamp,
-};
+use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
+
+mod acks;
+use acks::{Acks, Event, fingerprint, response_for};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
 const RETENTION: Duration = Duration::from_secs(10);
@@ -32,15 +32,6 @@ fn builder(clock: &ManualClock) -> idempotency_store::Builder {
         .max_batch(32)
         .clock(clock.clone());
     builder
-}
-
-fn fingerprint(key: &str) -> Fingerprint {
-    Fingerprint::of([key, "crash-body"])
-}
-
-/// The response a lease with `token` stores for `key`; a replay must equal it byte for byte.
-fn response_for(key: &str, token: u64) -> Response {
-    Response::new(201, format!("{key}:{token}")).with_header("x-token", token.to_le_bytes())
 }
 
 // ---------------------------------------------------------------- the child process
@@ -133,14 +124,7 @@ fn child_worker(store: &Store, clock: &ManualClock, log: &Path, prefix: &str) ->
 
 // ---------------------------------------------------------------- the parent
 
-#[derive(Default, Debug)]
-struct KeyLog {
-    tokens: Vec<u64>,
-    first_seen: u64,
-    last: Option<(char, u64, u64)>,
-}
-
-fn read_logs(dir: &Path) -> HashMap<String, KeyLog> {
+fn read_logs(dir: &Path) -> Acks {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry").path())
@@ -150,7 +134,7 @@ fn read_logs(dir: &Path) -> HashMap<String, KeyLog> {
         })
         .collect();
     files.sort();
-    let mut keys: HashMap<String, KeyLog> = HashMap::new();
+    let mut acks = Acks::default();
     for path in files {
         let text = std::fs::read_to_string(&path).expect("read log");
         // A line without its newline was cut by the kill: it was never acknowledged.
@@ -160,84 +144,21 @@ fn read_logs(dir: &Path) -> HashMap<String, KeyLog> {
             let [kind, name, token, clock] = parts[..] else {
                 panic!("bad log line {line:?} in {}", path.display());
             };
-            let kind = kind.chars().next().expect("kind");
-            let (token, clock): (u64, u64) =
-                (token.parse().expect("token"), clock.parse().expect("clock"));
-            let entry = keys.entry(name.to_owned()).or_default();
-            if kind == 'A' {
-                if entry.tokens.is_empty() {
-                    entry.first_seen = clock;
-                }
-                entry.tokens.push(token);
-            }
-            entry.last = Some((kind, token, clock));
+            let event = Event {
+                kind: kind.chars().next().expect("kind"),
+                token: token.parse().expect("token"),
+                clock: clock.parse().expect("clock"),
+            };
+            acks.record(name, event);
         }
     }
-    keys
-}
-
-/// Checks every logged key against the reopened store; returns the number of checks made.
-fn check(store: &Store, keys: &HashMap<String, KeyLog>, now: u64) -> Result<usize> {
-    let retention = RETENTION.as_millis() as u64;
-    let mut checks = 0;
-    for (name, log) in keys {
-        let Some((kind, token, clock)) = log.last else {
-            continue;
-        };
-        let view = store.lookup(&Key::new(name)?)?;
-        checks += 1;
-        let completed_with = |t: u64| {
-            matches!(&view, Some(v) if matches!(&v.state,
-                RecordState::Completed { response, .. } if *response == response_for(name, t)))
-        };
-        match kind {
-            'R' => assert!(
-                view.is_none(),
-                "{name}: released but still stored: {view:?}"
-            ),
-            'r' => assert!(
-                !matches!(&view, Some(v) if matches!(v.state, RecordState::Completed { .. })),
-                "{name}: completed although only released: {view:?}"
-            ),
-            'C' => {
-                if view.is_some() || clock + retention > now {
-                    assert!(
-                        completed_with(token),
-                        "{name}: acknowledged completion lost or altered: {view:?}"
-                    );
-                }
-            }
-            'A' => match &view {
-                None => assert!(
-                    log.first_seen + retention <= now,
-                    "{name}: acknowledged claim lost (first seen {}, now {now}): {log:?}",
-                    log.first_seen
-                ),
-                Some(v) => match &v.state {
-                    RecordState::InProgress { .. } => {}
-                    // The completion committed but the kill came before it was logged: it must
-                    // be this lease's response, never anything else.
-                    RecordState::Completed { .. } => assert!(
-                        completed_with(token),
-                        "{name}: completed with a response never acknowledged for token {token}: {view:?}"
-                    ),
-                },
-            },
-            other => panic!("unknown log kind {other}"),
-        }
-    }
-    Ok(checks)
+    acks
 }
 
 /// An in-progress record of the dead child is taken over only once its lease lapses.
-fn check_takeover(
-    store: &Store,
-    clock: &ManualClock,
-    keys: &HashMap<String, KeyLog>,
-    log: &mut Log,
-) -> Result<bool> {
+fn check_takeover(store: &Store, clock: &ManualClock, acks: &Acks, log: &mut Log) -> Result<bool> {
     let now = store.now();
-    for name in keys.keys() {
+    for name in acks.keys.keys() {
         let key = Key::new(name)?;
         let Some(view) = store.lookup(&key)? else {
             continue;
@@ -334,11 +255,11 @@ fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
         let store = builder(&clock).open(dir.path().join("store.redb"))?;
         let report = store.verify()?;
         assert!(report.is_clean(), "verify after kill {kills}: {report:?}");
-        let keys = read_logs(dir.path());
-        acknowledged = keys.values().filter(|k| k.last.is_some()).count();
+        let acks = read_logs(dir.path());
+        acknowledged = acks.keys.len();
         let now = store.now();
         clock.set(now);
-        checks += check(&store, &keys, now.as_millis())?;
+        checks += acks.check(&store, now.as_millis(), RETENTION)?;
 
         // The store accepts new claims.
         let fresh = Key::new(&format!("parent-{iteration}"))?;
@@ -348,7 +269,7 @@ fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
         store.release(&lease)?;
         let parent_log = dir.path().join(format!("log-parent-{iteration}.txt"));
         let mut log = Log(File::create(parent_log).expect("parent log"));
-        takeovers += usize::from(check_takeover(&store, &clock, &keys, &mut log)?);
+        takeovers += usize::from(check_takeover(&store, &clock, &acks, &mut log)?);
         assert!(store.verify()?.is_clean());
     }
     println!(
