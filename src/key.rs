@@ -147,6 +147,44 @@ fn check(what: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Validates arbitrary bytes as a key and as a scoped key (split at the first byte's value)
+/// and checks what a valid key promises: exactly the printable-ASCII 1..=255-byte strings are
+/// accepted, the parts round-trip, and the stored form decodes to the same key. The fuzz
+/// target and its corpus replay in `cargo test` call this; it must never panic.
+#[doc(hidden)]
+pub fn fuzz_key(data: &[u8]) {
+    let valid = |s: &[u8]| {
+        (1..=MAX_KEY_LEN).contains(&s.len()) && s.iter().all(|b| (0x20..=0x7e).contains(b))
+    };
+    let text = |s: &[u8]| String::from_utf8_lossy(s).into_owned();
+    let (split, rest) = data
+        .split_first()
+        .map_or((0, data), |(&n, rest)| (usize::from(n), rest));
+    let (scope, key) = rest.split_at(split.min(rest.len()));
+    let (scope_text, key_text) = (text(scope), text(key));
+    match Key::new(&key_text) {
+        Ok(k) => {
+            assert!(valid(key) && key_text.as_bytes() == key);
+            assert_eq!((k.key(), k.scope()), (key_text.as_str(), None));
+            assert_eq!(Key::from_stored(k.as_stored()).ok(), Some(k));
+        }
+        Err(_) => assert!(!valid(key_text.as_bytes())),
+    }
+    match Key::scoped(&scope_text, &key_text) {
+        Ok(k) => {
+            assert!(valid(scope) && valid(key));
+            assert_eq!(
+                (k.key(), k.scope()),
+                (key_text.as_str(), Some(scope_text.as_str()))
+            );
+            assert_eq!(Key::from_stored(k.as_stored()).ok().as_ref(), Some(&k));
+            assert_ne!(Key::new(&key_text).ok(), Some(k));
+        }
+        Err(_) => assert!(!valid(scope_text.as_bytes()) || !valid(key_text.as_bytes())),
+    }
+    let _ = Key::from_stored(data);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,4 +92,6 @@ pub use crate::store::Store;
 pub use crate::sweep::Sweeper;
 
 #[doc(hidden)]
+pub use crate::key::fuzz_key;
+#[doc(hidden)]
 pub use crate::record::fuzz_decode_record;

@@ -215,7 +215,7 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
         }
         let disk = backend.disk();
         torn_writes += disk.pending.len();
-        let crash = disk.crash_image(|| rng.next() % 2 == 0);
+        let crash = disk.crash_image(|| rng.next().is_multiple_of(2));
         drop(disk);
 
         // Power back: reopen from what the disk kept.
