@@ -413,22 +413,6 @@ fn invalid_configuration_is_refused() {
 }
 
 #[test]
-fn a_clock_stepping_back_never_shortens_a_lease() -> Result<()> {
-    let (store, clock) = store()?;
-    let key = Key::new("k")?;
-    let _lease = acquire(&store, &key, fp("a"));
-    clock.advance(Duration::from_secs(30));
-    let _ = store.claim(&key, fp("a"))?;
-    clock.set(Timestamp::from_millis(T0 - 3_600_000));
-    assert_eq!(store.now(), Timestamp::from_millis(T0 + 30_000));
-    assert!(matches!(
-        store.claim(&key, fp("a"))?,
-        Claim::InProgress { .. }
-    ));
-    Ok(())
-}
-
-#[test]
 fn background_sweeper_deletes_expired_records_and_stops() -> Result<()> {
     let (store, clock) = store()?;
     let store = std::sync::Arc::new(store);

@@ -71,23 +71,6 @@ fn in_progress_survives_reopen_and_is_taken_over_only_after_its_lease() -> Resul
 }
 
 #[test]
-fn time_never_goes_below_what_the_file_has_seen() -> Result<()> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("s.redb");
-    let clock = ManualClock::new(Timestamp::from_millis(5_000_000));
-    {
-        let store = open(&path, &clock)?;
-        let Claim::Acquired(_lease) = store.claim(&Key::new("k")?, Fingerprint::of(["a"]))? else {
-            panic!()
-        };
-    }
-    clock.set(Timestamp::from_millis(1_000));
-    let store = open(&path, &clock)?;
-    assert_eq!(store.now(), Timestamp::from_millis(5_000_000));
-    Ok(())
-}
-
-#[test]
 fn a_second_open_of_the_same_file_is_refused() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
