@@ -91,6 +91,9 @@ pub use crate::record::Response;
 pub use crate::store::Store;
 pub use crate::sweep::Sweeper;
 
+/// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
+pub use redb;
+
 #[doc(hidden)]
 pub use crate::key::fuzz_key;
 #[doc(hidden)]

@@ -87,6 +87,14 @@ pub(crate) enum Fail {
     Batch(Error),
 }
 
+impl Fail {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Fail::Op(err) | Fail::Batch(err) => err,
+        }
+    }
+}
+
 impl From<Error> for Fail {
     fn from(err: Error) -> Self {
         Fail::Op(err)
@@ -226,7 +234,7 @@ impl Tables<'_> {
     }
 
     /// The record if `token` still holds it; otherwise the lease is lost.
-    fn held(&self, key: &Key, token: u64, now: Timestamp) -> Result<Record, Fail> {
+    pub(crate) fn held(&self, key: &Key, token: u64, now: Timestamp) -> Result<Record, Fail> {
         match self.get(key)? {
             Some(record)
                 if !record.is_expired(now)

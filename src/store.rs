@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableHandle};
+use redb::{
+    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableHandle, WriteTransaction,
+};
 
 use crate::clock::{Timestamp, millis};
 use crate::commit::Committer;
@@ -386,56 +388,142 @@ impl Store {
     }
 
     fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
-        let mut txn = self.db()?.begin_write()?;
-        if self.config.durability == Durability::QuickRepair {
-            txn.set_quick_repair(true);
-        }
-        let mut results = Vec::with_capacity(ops.len());
-        {
-            let mut meta = txn.open_table(META)?;
-            let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
-            let (first_token, stored_clock) =
-                (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
-            let usage = Usage {
-                records: stored(META_RECORDS)?,
-                bytes: stored(META_BYTES)?,
-            };
-            let mut tables = Tables {
-                records: txn.open_table(RECORDS)?,
-                expiry: txn.open_table(EXPIRY)?,
-                usage,
-            };
-            let mut ctx = Ctx {
-                now: self.now(),
-                lease_ms: millis(self.config.lease),
-                retention_ms: millis(self.config.retention),
-                next_token: first_token,
-                quota: Quota {
-                    max_records: self.config.max_records,
-                    max_bytes: self.config.max_bytes,
-                    evict_completed: self.config.when_full == WhenFull::EvictOldestCompleted,
-                },
-            };
+        let txn = self.begin_write()?;
+        let results = self.with_tables(&txn, |tables, ctx| {
+            let mut results = Vec::with_capacity(ops.len());
             for op in ops {
-                match tables.apply(&mut ctx, op) {
+                match tables.apply(ctx, op) {
                     Ok(done) => results.push(Ok(done)),
                     Err(Fail::Op(err)) => results.push(Err(err)),
                     Err(Fail::Batch(err)) => return Err(err),
                 }
             }
-            if ctx.next_token != first_token {
-                meta.insert(META_NEXT_TOKEN, ctx.next_token)?;
-            }
-            if ctx.now.as_millis() > stored_clock {
-                meta.insert(META_CLOCK, ctx.now.as_millis())?;
-            }
-            if tables.usage != usage {
-                meta.insert(META_RECORDS, tables.usage.records)?;
-                meta.insert(META_BYTES, tables.usage.bytes)?;
-            }
-        }
+            Ok(results)
+        })?;
         txn.commit()?;
         Ok(results)
+    }
+
+    fn begin_write(&self) -> Result<WriteTransaction> {
+        let mut txn = self.db()?.begin_write()?;
+        if self.config.durability == Durability::QuickRepair {
+            txn.set_quick_repair(true);
+        }
+        Ok(txn)
+    }
+
+    /// Opens the data tables in `txn` with the counters from the meta table, runs `body`, and
+    /// writes back the counters it changed.
+    fn with_tables<T>(
+        &self,
+        txn: &WriteTransaction,
+        body: impl FnOnce(&mut Tables<'_>, &mut Ctx) -> Result<T>,
+    ) -> Result<T> {
+        let mut meta = txn.open_table(META)?;
+        let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
+        let (first_token, stored_clock) = (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
+        let usage = Usage {
+            records: stored(META_RECORDS)?,
+            bytes: stored(META_BYTES)?,
+        };
+        let mut tables = Tables {
+            records: txn.open_table(RECORDS)?,
+            expiry: txn.open_table(EXPIRY)?,
+            usage,
+        };
+        let mut ctx = Ctx {
+            now: self.now(),
+            lease_ms: millis(self.config.lease),
+            retention_ms: millis(self.config.retention),
+            next_token: first_token,
+            quota: Quota {
+                max_records: self.config.max_records,
+                max_bytes: self.config.max_bytes,
+                evict_completed: self.config.when_full == WhenFull::EvictOldestCompleted,
+            },
+        };
+        let out = body(&mut tables, &mut ctx)?;
+        if ctx.next_token != first_token {
+            meta.insert(META_NEXT_TOKEN, ctx.next_token)?;
+        }
+        if ctx.now.as_millis() > stored_clock {
+            meta.insert(META_CLOCK, ctx.now.as_millis())?;
+        }
+        if tables.usage != usage {
+            meta.insert(META_RECORDS, tables.usage.records)?;
+            meta.insert(META_BYTES, tables.usage.bytes)?;
+        }
+        Ok(out)
+    }
+
+    /// Like [`complete`](Store::complete), but first runs `effect` in the same redb write
+    /// transaction, so the caller's own tables (a ledger, an outbox) and the stored response
+    /// commit together or not at all: a crash can never leave a charge without its
+    /// idempotency record, or the reverse.
+    ///
+    /// `effect` receives the write transaction; open your own tables in it (the
+    /// [`redb`] crate is re-exported so the versions match). It runs only if the lease still
+    /// holds the key. If it returns `Err`, nothing of it and no response is written, the lease
+    /// still holds, and the error comes back as `Ok(Err(e))`.
+    ///
+    /// Cost: this call cannot share a group-commit batch (redb cannot roll back one
+    /// operation inside a shared transaction), so it pays a commit of its own, and other
+    /// writers wait while `effect` runs: keep it short.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
+    ///
+    /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("charge-1")?;
+    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["4999"]))? else { panic!() };
+    /// store.complete_with(&lease, Response::new(201, "charged"), |txn| {
+    ///     txn.open_table(LEDGER)?.insert("charge-1", 4999)?;
+    ///     Ok::<_, redb::Error>(())
+    /// })??;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The outer result: [`Error::ResponseTooLarge`] or [`Error::LeaseLost`] (nothing ran),
+    /// [`Error::Storage`] (the commit failed; outcome unknown). The inner result: `effect`'s
+    /// error.
+    pub fn complete_with<E, F>(
+        &self,
+        lease: &Lease,
+        response: Response,
+        effect: F,
+    ) -> Result<std::result::Result<(), E>>
+    where
+        F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
+    {
+        self.check_size(response.size())?;
+        let txn = contain("completing with an effect", || {
+            let txn = self.begin_write()?;
+            self.with_tables(&txn, |tables, ctx| {
+                tables
+                    .held(&lease.key, lease.token, ctx.now)
+                    .map_err(Fail::into_error)
+            })?;
+            Ok(txn)
+        })?;
+        if let Err(err) = effect(&txn) {
+            return Ok(Err(err));
+        }
+        contain("completing with an effect", || {
+            let op = Op::Complete {
+                key: lease.key.clone(),
+                token: lease.token,
+                response,
+            };
+            self.with_tables(&txn, |tables, ctx| {
+                tables.apply(ctx, op).map_err(Fail::into_error)
+            })?;
+            txn.commit()?;
+            Ok(())
+        })?;
+        self.waiters.wake(&lease.key);
+        Ok(Ok(()))
     }
 }
 
