@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+mod reference;
+
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz/corpus")
@@ -20,9 +22,9 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     inputs
 }
 
-/// Byte strings biased towards the interesting: short, printable, and mutations of the
-/// corpus.
-fn generated(seeds: &[(String, Vec<u8>)], count: usize) -> Vec<Vec<u8>> {
+/// Byte strings biased towards the interesting: short (random ones below `max_random_len`
+/// bytes), printable, and mutations of the corpus.
+fn generated(seeds: &[(String, Vec<u8>)], count: usize, max_random_len: u64) -> Vec<Vec<u8>> {
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = move || {
         state ^= state << 13;
@@ -34,7 +36,7 @@ fn generated(seeds: &[(String, Vec<u8>)], count: usize) -> Vec<Vec<u8>> {
         .map(|i| {
             let mut data = match seeds.get(i % (seeds.len() + 1)) {
                 Some((_, seed)) if i % 2 == 0 => seed.clone(),
-                _ => (0..next() % 300).map(|_| next() as u8).collect(),
+                _ => (0..next() % max_random_len).map(|_| next() as u8).collect(),
             };
             for _ in 0..1 + next() % 4 {
                 if data.is_empty() {
@@ -52,7 +54,7 @@ fn generated(seeds: &[(String, Vec<u8>)], count: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn run(target: &str, body: fn(&[u8]), generated_count: usize) {
+fn run(target: &str, body: fn(&[u8]), generated_count: usize, max_random_len: u64) {
     let inputs = corpus(target);
     assert!(!inputs.is_empty(), "fuzz/corpus/{target} holds no inputs");
     for (name, data) in &inputs {
@@ -60,7 +62,10 @@ fn run(target: &str, body: fn(&[u8]), generated_count: usize) {
             panic!("fuzz target {target} failed on corpus file {name}");
         }
     }
-    for (i, data) in generated(&inputs, generated_count).iter().enumerate() {
+    for (i, data) in generated(&inputs, generated_count, max_random_len)
+        .iter()
+        .enumerate()
+    {
         if std::panic::catch_unwind(|| body(data)).is_err() {
             panic!("fuzz target {target} failed on generated input {i}: {data:?}");
         }
@@ -77,10 +82,20 @@ fn decode_record_corpus() {
         "decode_record",
         idempotency_store::fuzz_decode_record,
         5_000,
+        300,
     );
 }
 
 #[test]
 fn key_corpus() {
-    run("key", idempotency_store::fuzz_key, 5_000);
+    run("key", idempotency_store::fuzz_key, 5_000, 300);
+}
+
+/// Operation sequences against the store (on reopenable in-memory storage) and the reference
+/// model of `tests/reference/mod.rs`. Each input opens a store and checks the whole of it after
+/// every step, which is slow in a debug build: fewer and shorter generated inputs (random ones
+/// below 100 bytes) keep this test near 10 s.
+#[test]
+fn store_ops_corpus() {
+    run("store_ops", reference::run_ops, 1_000, 100);
 }
