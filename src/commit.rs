@@ -55,7 +55,7 @@ impl Committer {
                 continue;
             }
             queue.leader = true;
-            let n = queue.jobs.len().min(self.max_batch);
+            let n = batch_len(&queue.jobs, self.max_batch);
             let (ops, slots): (Vec<Op>, Vec<Slot>) = queue.jobs.drain(..n).unzip();
             drop(queue);
             let handoff = Handoff {
@@ -68,6 +68,20 @@ impl Committer {
             drop(handoff);
             queue = self.queue.lock();
         }
+    }
+}
+
+/// How many queued operations the next batch takes: up to `max`, in arrival order, but a
+/// sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
+/// transaction, never for a sweep sharing its own batch.
+fn batch_len(jobs: &VecDeque<(Op, Slot)>, max: usize) -> usize {
+    match jobs.front() {
+        Some((op, _)) if op.runs_alone() => 1,
+        _ => jobs
+            .iter()
+            .take(max)
+            .take_while(|(op, _)| !op.runs_alone())
+            .count(),
     }
 }
 
@@ -91,5 +105,36 @@ impl Drop for Handoff<'_> {
         }
         self.committer.queue.lock().leader = false;
         self.committer.settled.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::key::Key;
+
+    fn queue(ops: &str) -> VecDeque<(Op, Slot)> {
+        ops.chars()
+            .map(|c| {
+                let op = match c {
+                    's' => Op::Sweep { limit: 1 },
+                    _ => Op::Claim {
+                        key: Key::new("k").expect("key"),
+                        fingerprint: Fingerprint::of(["r"]),
+                    },
+                };
+                (op, Slot::default())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sweep_never_shares_a_batch() {
+        assert_eq!(batch_len(&queue("ccscc"), 128), 2);
+        assert_eq!(batch_len(&queue("scc"), 128), 1);
+        assert_eq!(batch_len(&queue("ss"), 128), 1);
+        assert_eq!(batch_len(&queue("cccc"), 3), 3);
+        assert_eq!(batch_len(&queue(""), 3), 0);
     }
 }

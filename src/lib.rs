@@ -53,6 +53,13 @@
 //! back makes time stand still until the clock catches up; it delays expiry but never
 //! shortens a lease.
 //!
+//! # Crate features
+//!
+//! - `http`: the module `idempotency_store::http`, mapping to the `http` 1.x types: the
+//!   `Idempotency-Key` header (sf-string or bare), request fingerprints, replays with
+//!   `Idempotent-Replayed: true`, and the IETF draft's 400/409/422 as `application/problem+json`.
+//! - `cli`: the operator binary `idempotency-store`.
+//!
 //! # Layout
 //!
 //! One redb file with three tables: records (stored key → versioned record), an expiry index
@@ -66,11 +73,14 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod admin;
 mod clock;
 mod commit;
 mod config;
 mod error;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod key;
 mod maintenance;
 mod ops;
@@ -80,6 +90,7 @@ mod store;
 mod sweep;
 mod wait;
 
+pub use crate::admin::{ForceRelease, Records, StoredRecord};
 pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::config::{Builder, Durability, WhenFull};
 pub use crate::error::{Error, Result};

@@ -72,10 +72,14 @@ impl Store {
             report.records += 1;
             actual.0 += 1;
             actual.1 += (key.len() + value.value().len()) as u64;
-            let name = String::from_utf8_lossy(key);
-            if let Err(e) = Key::from_stored(key) {
-                report.problems.push(format!("record {name:?}: {e}"));
-            }
+            let name = match Key::from_stored(key) {
+                Ok(parsed) => parsed.to_string(),
+                Err(e) => {
+                    let name = String::from_utf8_lossy(key).into_owned();
+                    report.problems.push(format!("record {name:?}: {e}"));
+                    name
+                }
+            };
             let record = match Record::decode(key, value.value()) {
                 Ok(record) => record,
                 Err(e) => {

@@ -7,6 +7,7 @@
 
 use redb::{ReadableTable, Table, TableDefinition};
 
+use crate::admin::ForceRelease;
 use crate::clock::Timestamp;
 use crate::error::{Error, from_storage};
 use crate::fingerprint::Fingerprint;
@@ -61,13 +62,24 @@ pub(crate) enum Op {
     Sweep {
         limit: usize,
     },
+    /// An operator deleting an in-progress record without its lease.
+    ForceRelease {
+        key: Key,
+    },
 }
 
 impl Op {
+    /// Sweeps touch many records and commit in a transaction of their own.
+    pub(crate) fn runs_alone(&self) -> bool {
+        matches!(self, Op::Sweep { .. })
+    }
+
     /// The key whose waiters must be woken once this operation commits, if it settles one.
     pub(crate) fn settles(&self) -> Option<&Key> {
         match self {
-            Op::Complete { key, .. } | Op::Release { key, .. } => Some(key),
+            Op::Complete { key, .. } | Op::Release { key, .. } | Op::ForceRelease { key } => {
+                Some(key)
+            }
             _ => None,
         }
     }
@@ -79,6 +91,7 @@ pub(crate) enum Done {
     Settled,
     Heartbeat(Timestamp),
     Swept(usize),
+    ForceReleased(ForceRelease),
 }
 
 /// Why an operation failed: on its own, or for the whole batch.
@@ -269,6 +282,7 @@ impl Tables<'_> {
                 Ok(Done::Settled)
             }
             Op::Sweep { limit } => self.sweep(ctx.now, limit).map(Done::Swept),
+            Op::ForceRelease { key } => self.force_release(ctx.now, &key).map(Done::ForceReleased),
         }
     }
 
@@ -346,6 +360,29 @@ impl Tables<'_> {
         record.expires_at = record.expires_at.max(new_until);
         self.put(key, Some(old_expires_at), &record)?;
         Ok(Done::Heartbeat(Timestamp::from_millis(new_until)))
+    }
+
+    fn force_release(&mut self, now: Timestamp, key: &Key) -> Result<ForceRelease, Fail> {
+        Ok(match self.get(key)? {
+            Some(record) if record.is_expired(now) => ForceRelease::NotFound,
+            None => ForceRelease::NotFound,
+            Some(Record {
+                state: State::Completed { .. },
+                ..
+            }) => ForceRelease::Completed,
+            Some(Record {
+                expires_at,
+                attempt,
+                state: State::InProgress { lease_until, .. },
+                ..
+            }) => {
+                self.delete(key.as_stored(), expires_at)?;
+                ForceRelease::Released {
+                    attempt,
+                    lease_until: Timestamp::from_millis(lease_until),
+                }
+            }
+        })
     }
 
     /// Deletes up to `limit` records whose expiry is at or before `now`, oldest first.

@@ -456,6 +456,35 @@ impl Store {
         Ok(out)
     }
 
+    /// Runs `read` in a read transaction of the store's file, for the caller's own tables
+    /// (written with [`complete_with`](Store::complete_with)). Like every read here, it sees the
+    /// last durable commit and never waits for writers.
+    ///
+    /// ```
+    /// use idempotency_store::{Store, redb};
+    ///
+    /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
+    /// let store = Store::builder().open_in_memory()?;
+    /// let rows = store.read_with(|txn| match txn.open_table(LEDGER) {
+    ///     Ok(table) => redb::ReadableTableMetadata::len(&table),
+    ///     Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+    ///     Err(other) => Err(other.into()),
+    /// })??;
+    /// assert_eq!(rows, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The outer result: [`Error::Storage`] if the read transaction cannot start. The inner
+    /// result: `read`'s own.
+    pub fn read_with<T, E>(
+        &self,
+        read: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, E>,
+    ) -> Result<std::result::Result<T, E>> {
+        let txn = contain("starting a read", || Ok(self.db()?.begin_read()?))?;
+        Ok(read(&txn))
+    }
+
     /// Like [`complete`](Store::complete), but first runs `effect` in the same redb write
     /// transaction, so the caller's own tables (a ledger, an outbox) and the stored response
     /// commit together or not at all: a crash can never leave a charge without its
@@ -540,7 +569,7 @@ impl Drop for Store {
     }
 }
 
-fn view(record: Record) -> RecordView {
+pub(crate) fn view(record: Record) -> RecordView {
     let state = match record.state {
         State::InProgress {
             lease_until,

@@ -1,0 +1,1770 @@
+//! Load test: durable claim+complete pairs, replays and a mixed load, for this store against
+//! SQLite (WAL, `synchronous=FULL`) and the raw `fdatasync` rate of the disk, in one process.
+//!
+//! ```text
+//! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
+//!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N]
+//! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
+//!     [--sweep-batch N]
+//! cargo run --release --example loadtest -- --space [--records N] [--dir PATH]
+//! ```
+//!
+//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `store-quickrepair`,
+//! `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
+//! (or no system is) and its workload is named (or no workload is).
+//! Every run prints a table, then one line starting `JSON: ` with every figure.
+//!
+//! Each cell gets a fresh database in a fresh temporary directory under `--dir`, runs a short
+//! warm-up, then counts the operations that complete inside a measurement window of `S`
+//! seconds. Keys are random UUID-shaped strings (36 bytes), so inserts land all over the
+//! B-tree, as client-generated keys do.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idempotency_store::{
+    Claim, Durability, Fingerprint, Key, ManualClock, Response, Store, Timestamp,
+};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+
+type Res<T> = Result<T, String>;
+
+const BODY_LEN: usize = 200;
+const MIXED_HALF: usize = 16;
+const SQLITE_DB: &str = "sqlite-full.db";
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Main,
+    Sweep,
+    Space,
+}
+
+struct Args {
+    mode: Mode,
+    seconds: f64,
+    threads: Vec<usize>,
+    dir: Option<PathBuf>,
+    json_only: bool,
+    only: Vec<String>,
+    records: u64,
+    replay_keys: usize,
+    prefill_threads: usize,
+    /// `--sweep` with this: the sweeper loops `sweep(N)` instead of calling `sweep_all()`.
+    sweep_batch: Option<usize>,
+}
+
+const USAGE: &str = "usage: loadtest [--seconds S] [--threads 1,4,16,64] [--dir PATH] [--json-only] \
+[--only NAME[,NAME..]] [--replay-keys N] | --sweep [--records N] [--sweep-batch N] | --space [--records N]";
+
+fn parse_args() -> Res<Args> {
+    let mut args = Args {
+        mode: Mode::Main,
+        seconds: 3.0,
+        threads: vec![1, 4, 16, 64],
+        dir: None,
+        json_only: false,
+        only: Vec::new(),
+        records: 1_000_000,
+        replay_keys: 10_000,
+        prefill_threads: 64,
+        sweep_batch: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
+        match flag.as_str() {
+            "--seconds" => {
+                args.seconds = parse_num(&value()?)?;
+                if !args.seconds.is_finite() || args.seconds <= 0.0 {
+                    return Err("--seconds must be positive".into());
+                }
+            }
+            "--threads" => {
+                args.threads = value()?
+                    .split(',')
+                    .map(|t| parse_num::<usize>(t.trim()))
+                    .collect::<Res<_>>()?;
+                if args.threads.is_empty() || args.threads.contains(&0) {
+                    return Err("--threads needs positive counts".into());
+                }
+            }
+            "--dir" => args.dir = Some(PathBuf::from(value()?)),
+            "--json-only" => args.json_only = true,
+            "--only" => {
+                args.only
+                    .extend(value()?.split(',').map(|s| s.trim().to_owned()));
+            }
+            "--records" => args.records = parse_num(&value()?)?,
+            "--replay-keys" => args.replay_keys = parse_num::<usize>(&value()?)?.max(1),
+            "--sweep-batch" => args.sweep_batch = Some(parse_num::<usize>(&value()?)?.max(1)),
+            "--prefill-threads" => args.prefill_threads = parse_num::<usize>(&value()?)?.max(1),
+            "--sweep" => args.mode = Mode::Sweep,
+            "--space" => args.mode = Mode::Space,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+fn parse_num<T: std::str::FromStr>(s: &str) -> Res<T> {
+    s.replace('_', "")
+        .parse()
+        .map_err(|_| format!("not a number: {s:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small tools: output, JSON, keys, random numbers, percentiles, the bench directory
+
+/// Prints unless `--json-only`.
+struct Out {
+    quiet: bool,
+}
+
+impl Out {
+    fn line(&self, s: impl AsRef<str>) {
+        if !self.quiet {
+            println!("{}", s.as_ref());
+        }
+    }
+
+    /// Progress notes go to stderr so that stdout stays a clean report.
+    fn note(&self, s: impl AsRef<str>) {
+        if !self.quiet {
+            eprintln!("  .. {}", s.as_ref());
+        }
+    }
+}
+
+/// A minimal JSON value, enough for one report line.
+enum J {
+    Num(f64),
+    Int(u64),
+    Str(String),
+    Bool(bool),
+    Null,
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl J {
+    fn obj() -> J {
+        J::Obj(Vec::new())
+    }
+
+    fn set(&mut self, key: impl Into<String>, value: J) -> &mut Self {
+        if let J::Obj(fields) = self {
+            let key = key.into();
+            match fields.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => *v = value,
+                None => fields.push((key, value)),
+            }
+        }
+        self
+    }
+
+    /// The object under `key`, created if missing.
+    fn child(&mut self, key: &str) -> &mut J {
+        let J::Obj(fields) = self else {
+            unreachable!("child() on a non-object")
+        };
+        let pos = match fields.iter().position(|(k, _)| k == key) {
+            Some(pos) => pos,
+            None => {
+                fields.push((key.to_owned(), J::obj()));
+                fields.len() - 1
+            }
+        };
+        &mut fields[pos].1
+    }
+
+    fn opt(v: Option<f64>) -> J {
+        v.map_or(J::Null, J::Num)
+    }
+
+    fn write(&self, out: &mut String) {
+        match self {
+            J::Num(n) if n.is_finite() => {
+                let _ = write!(out, "{}", (n * 1000.0).round() / 1000.0);
+            }
+            J::Num(_) | J::Null => out.push_str("null"),
+            J::Int(n) => {
+                let _ = write!(out, "{n}");
+            }
+            J::Bool(b) => {
+                let _ = write!(out, "{b}");
+            }
+            J::Str(s) => {
+                out.push('"');
+                for c in s.chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        c if (c as u32) < 0x20 => {
+                            let _ = write!(out, "\\u{:04x}", c as u32);
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+            }
+            J::Arr(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    item.write(out);
+                }
+                out.push(']');
+            }
+            J::Obj(fields) => {
+                out.push('{');
+                for (i, (k, v)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    J::Str(k.clone()).write(out);
+                    out.push(':');
+                    v.write(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    fn line(&self) -> String {
+        let mut s = String::new();
+        self.write(&mut s);
+        s
+    }
+}
+
+/// splitmix64's finaliser: a bijection on u64, so distinct inputs give distinct outputs.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A UUID-shaped key (36 bytes) for record `index` of `stream`; unique per (stream, index) and
+/// scattered over the key space like client-generated UUIDv4s.
+fn key_name(stream: u64, index: u64) -> String {
+    let hi = mix64((stream << 40) ^ index);
+    let lo = mix64(hi ^ 0x5eed_5eed_5eed_5eed);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xfff,
+        (lo >> 48) | 0x8000,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+fn fingerprint_of(name: &str) -> Fingerprint {
+    Fingerprint::of(["POST", "/payments", name])
+}
+
+/// xorshift64*: a cheap per-thread generator for picking replay keys.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(mix64(seed) | 1)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        ((u128::from(r) * n as u128) >> 64) as usize
+    }
+}
+
+fn body() -> Vec<u8> {
+    (0..BODY_LEN).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Latency percentiles of a sample in nanoseconds, reported in microseconds.
+#[derive(Clone, Copy, Default)]
+struct Lat {
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    n: usize,
+}
+
+fn percentiles(mut ns: Vec<u64>) -> Option<Lat> {
+    if ns.is_empty() {
+        return None;
+    }
+    ns.sort_unstable();
+    let at = |q: f64| {
+        let i = ((ns.len() as f64 * q).ceil() as usize).clamp(1, ns.len()) - 1;
+        ns[i] as f64 / 1000.0
+    };
+    Some(Lat {
+        p50_us: at(0.50),
+        p99_us: at(0.99),
+        max_us: ns[ns.len() - 1] as f64 / 1000.0,
+        n: ns.len(),
+    })
+}
+
+fn lat_json(lat: Option<Lat>) -> J {
+    match lat {
+        None => J::Null,
+        Some(l) => {
+            let mut j = J::obj();
+            j.set("p50_us", J::Num(l.p50_us))
+                .set("p99_us", J::Num(l.p99_us))
+                .set("max_us", J::Num(l.max_us))
+                .set("samples", J::Int(l.n as u64));
+            j
+        }
+    }
+}
+
+/// The filesystem type holding `path`, from the longest matching mount point.
+fn filesystem_of(path: &Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String, String)> = None;
+    for line in mounts.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(dev), Some(mnt), Some(fs)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let mnt = mnt.replace("\\040", " ");
+        if path.starts_with(&mnt) && best.as_ref().is_none_or(|(len, _, _)| mnt.len() >= *len) {
+            best = Some((mnt.len(), fs.to_owned(), dev.to_owned()));
+        }
+    }
+    best.map_or_else(|| "unknown".into(), |(_, fs, dev)| format!("{fs} ({dev})"))
+}
+
+/// `--dir`, or the system temp dir unless that is in memory (then `target/loadtest`).
+fn bench_dir(args: &Args) -> Res<PathBuf> {
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let tmp = std::env::temp_dir();
+            let fs = filesystem_of(&tmp);
+            if fs.starts_with("tmpfs") || fs.starts_with("ramfs") {
+                PathBuf::from("target").join("loadtest")
+            } else {
+                tmp
+            }
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir.canonicalize().unwrap_or(dir))
+}
+
+fn fresh_dir(base: &Path, label: &str) -> Res<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("loadtest-{label}-"))
+        .tempdir_in(base)
+        .map_err(|e| format!("temp dir in {}: {e}", base.display()))
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    proc_status_kib("VmHWM")
+}
+
+/// A `kB` field of `/proc/self/status` (`VmHWM`, `VmRSS`, `RssAnon`, `RssFile`).
+fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.split(':').next() == Some(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Length and allocated bytes (`st_blocks` × 512) of a file.
+fn file_bytes(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or((0, 0), |m| (m.len(), m.blocks() * 512))
+}
+
+fn err(context: &str, e: impl std::fmt::Display) -> String {
+    format!("{context}: {e}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Systems under test
+
+/// One thread's connection to a system.
+trait Client {
+    /// Claims a fresh key (it must be acquired) and completes it with a 200-byte body.
+    fn pair(&mut self) -> Res<()>;
+    /// Claims an existing completed key with its fingerprint (it must replay).
+    fn replay(&mut self) -> Res<()>;
+}
+
+/// A system shared by all threads of a cell.
+trait System: Sync {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>>;
+}
+
+/// The keys completed before a replay run.
+struct ReplaySet {
+    names: Vec<String>,
+    keys: Vec<Key>,
+    fps: Vec<Fingerprint>,
+}
+
+/// Key stream of the replay set; pair threads use streams below it.
+const REPLAY_STREAM: u64 = 1 << 20;
+
+impl ReplaySet {
+    fn new(n: usize) -> Res<Self> {
+        let names: Vec<String> = (0..n as u64).map(|i| key_name(REPLAY_STREAM, i)).collect();
+        let keys = names
+            .iter()
+            .map(|n| Key::new(n).map_err(|e| err("key", e)))
+            .collect::<Res<_>>()?;
+        let fps = names.iter().map(|n| fingerprint_of(n)).collect();
+        Ok(ReplaySet { names, keys, fps })
+    }
+}
+
+/// Pair keys: stream = cell id × 4096 + thread, index = a per-thread counter.
+struct Fresh {
+    stream: u64,
+    next: u64,
+}
+
+impl Fresh {
+    fn next(&mut self) -> String {
+        self.next += 1;
+        key_name(self.stream, self.next)
+    }
+}
+
+static CELL: AtomicU64 = AtomicU64::new(1);
+
+fn fresh_for(thread: usize, cell: u64) -> Fresh {
+    Fresh {
+        stream: (cell << 12) | thread as u64,
+        next: 0,
+    }
+}
+
+// --- this store
+
+struct StoreSys {
+    store: Store,
+    set: Arc<ReplaySet>,
+    cell: u64,
+    body: Vec<u8>,
+}
+
+struct StoreClient<'a> {
+    sys: &'a StoreSys,
+    fresh: Fresh,
+    rng: Rng,
+}
+
+impl System for StoreSys {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>> {
+        Ok(Box::new(StoreClient {
+            sys: self,
+            fresh: fresh_for(thread, self.cell),
+            rng: Rng::new(thread as u64 ^ (self.cell << 32)),
+        }))
+    }
+}
+
+impl Client for StoreClient<'_> {
+    fn pair(&mut self) -> Res<()> {
+        let name = self.fresh.next();
+        let key = Key::new(&name).map_err(|e| err("key", e))?;
+        let store = &self.sys.store;
+        match store.claim(&key, fingerprint_of(&name)) {
+            Ok(Claim::Acquired(lease)) => store
+                .complete(&lease, Response::new(200, self.sys.body.clone()))
+                .map_err(|e| err("complete", e)),
+            Ok(other) => Err(format!("fresh key {name} not acquired: {other:?}")),
+            Err(e) => Err(err("claim", e)),
+        }
+    }
+
+    fn replay(&mut self) -> Res<()> {
+        let set = &self.sys.set;
+        let i = self.rng.below(set.keys.len());
+        match self.sys.store.claim(&set.keys[i], set.fps[i]) {
+            Ok(Claim::Completed(replay)) if replay.response.body.len() == BODY_LEN => Ok(()),
+            Ok(other) => Err(format!("key {} did not replay: {other:?}", set.names[i])),
+            Err(e) => Err(err("replay claim", e)),
+        }
+    }
+}
+
+fn open_store(dir: &Path, nogc: bool, durability: Durability) -> Res<Store> {
+    let mut builder = Store::builder();
+    builder.durability(durability);
+    if nogc {
+        builder.max_batch(1);
+    }
+    builder
+        .open(dir.join("store.redb"))
+        .map_err(|e| err("opening the store", e))
+}
+
+/// Completes `n` records (claim + complete, 200-byte body) from `threads` threads so that group
+/// commit makes the batches big. `name(i)` names record `i`.
+fn prefill_store(
+    store: &Store,
+    n: u64,
+    threads: usize,
+    name: &(dyn Fn(u64) -> String + Sync),
+    out: &Out,
+) -> Res<Duration> {
+    let next = AtomicU64::new(0);
+    let failed = Mutex::new(None::<String>);
+    let body = body();
+    let started = Instant::now();
+    let step = (n / 10).max(1);
+    thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || failed.lock().is_ok_and(|f| f.is_some()) {
+                        return;
+                    }
+                    let name = name(i);
+                    let result = Key::new(&name).map_err(|e| err("key", e)).and_then(|key| {
+                        match store.claim(&key, fingerprint_of(&name)) {
+                            Ok(Claim::Acquired(lease)) => store
+                                .complete(&lease, Response::new(200, body.clone()))
+                                .map_err(|e| err("prefill complete", e)),
+                            Ok(other) => Err(format!("prefill key not acquired: {other:?}")),
+                            Err(e) => Err(err("prefill claim", e)),
+                        }
+                    });
+                    if let Err(e) = result {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(e);
+                        }
+                        return;
+                    }
+                    if (i + 1).is_multiple_of(step) {
+                        out.note(format!(
+                            "prefill {}/{n} after {:.1} s",
+                            i + 1,
+                            started.elapsed().as_secs_f64()
+                        ));
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner().ok().flatten() {
+        Some(e) => Err(e),
+        None => Ok(started.elapsed()),
+    }
+}
+
+// --- SQLite, WAL, synchronous=FULL, one connection per thread
+
+struct SqliteSys {
+    path: PathBuf,
+    set: Arc<ReplaySet>,
+    cell: u64,
+    body: Vec<u8>,
+}
+
+struct SqliteClient<'a> {
+    sys: &'a SqliteSys,
+    conn: Connection,
+    fresh: Fresh,
+    rng: Rng,
+    thread: u64,
+    tokens: u64,
+}
+
+const SQL_SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS idempotency_keys(
+        key TEXT PRIMARY KEY,
+        fingerprint BLOB NOT NULL,
+        status TEXT NOT NULL,
+        token INTEGER,
+        lease_until INTEGER,
+        response_status INTEGER,
+        response_headers BLOB,
+        response_body BLOB,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL);
+    CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys(expires_at);";
+const SQL_CLAIM: &str = "INSERT INTO idempotency_keys
+    (key, fingerprint, status, token, lease_until, created_at, expires_at)
+    VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6)";
+const SQL_COMPLETE: &str = "UPDATE idempotency_keys
+    SET status = 'completed', token = NULL, lease_until = NULL, response_status = ?3,
+        response_headers = ?4, response_body = ?5, expires_at = ?6
+    WHERE key = ?1 AND token = ?2 AND status = 'in_progress'";
+const SQL_GET: &str = "SELECT fingerprint, status, lease_until, response_status, response_headers,
+    response_body, expires_at FROM idempotency_keys WHERE key = ?1";
+const LEASE_MS: i64 = 60_000;
+const RETENTION_MS: i64 = 24 * 3600 * 1000;
+
+/// A stored row as the claim sees it.
+struct Row {
+    fingerprint: Vec<u8>,
+    status: String,
+    response_status: Option<i64>,
+    response_body: Option<Vec<u8>>,
+    expires_at: i64,
+}
+
+fn sqlite_connect(path: &Path) -> Res<Connection> {
+    let conn = Connection::open(path).map_err(|e| err("sqlite open", e))?;
+    conn.busy_timeout(Duration::from_secs(120))
+        .map_err(|e| err("busy_timeout", e))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| err("journal_mode", e))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| err("synchronous", e))?;
+    conn.set_prepared_statement_cache_capacity(16);
+    Ok(conn)
+}
+
+impl SqliteSys {
+    fn create(dir: &Path, set: Arc<ReplaySet>, cell: u64) -> Res<Self> {
+        let path = dir.join(SQLITE_DB);
+        let conn = sqlite_connect(&path)?;
+        conn.execute_batch(SQL_SCHEMA)
+            .map_err(|e| err("sqlite schema", e))?;
+        Ok(SqliteSys {
+            path,
+            set,
+            cell,
+            body: body(),
+        })
+    }
+
+    /// Inserts the replay set as completed rows, in one transaction.
+    fn prefill(&self) -> Res<()> {
+        let mut conn = sqlite_connect(&self.path)?;
+        let tx = conn.transaction().map_err(|e| err("sqlite begin", e))?;
+        {
+            let mut stmt = tx
+                .prepare(
+                    "INSERT INTO idempotency_keys (key, fingerprint, status, response_status,
+                     response_headers, response_body, created_at, expires_at)
+                     VALUES (?1, ?2, 'completed', 200, x'', ?3, ?4, ?5)",
+                )
+                .map_err(|e| err("sqlite prepare", e))?;
+            let now = now_ms();
+            for (name, fp) in self.set.names.iter().zip(&self.set.fps) {
+                stmt.execute(params![
+                    name,
+                    &fp.digest()[..],
+                    &self.body,
+                    now,
+                    now + RETENTION_MS
+                ])
+                .map_err(|e| err("sqlite prefill", e))?;
+            }
+        }
+        tx.commit().map_err(|e| err("sqlite commit", e))
+    }
+}
+
+impl System for SqliteSys {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>> {
+        Ok(Box::new(SqliteClient {
+            sys: self,
+            conn: sqlite_connect(&self.path)?,
+            fresh: fresh_for(thread, self.cell),
+            rng: Rng::new(thread as u64 ^ (self.cell << 32)),
+            thread: thread as u64,
+            tokens: 0,
+        }))
+    }
+}
+
+impl SqliteClient<'_> {
+    fn get(&self, key: &str) -> Res<Option<Row>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(SQL_GET)
+            .map_err(|e| err("prepare", e))?;
+        stmt.query_row([key], |r| {
+            Ok(Row {
+                fingerprint: r.get(0)?,
+                status: r.get(1)?,
+                response_status: r.get(3)?,
+                response_body: r.get(5)?,
+                expires_at: r.get(6)?,
+            })
+        })
+        .optional()
+        .map_err(|e| err("select", e))
+    }
+}
+
+impl Client for SqliteClient<'_> {
+    fn pair(&mut self) -> Res<()> {
+        let name = self.fresh.next();
+        let fp = fingerprint_of(&name);
+        self.tokens += 1;
+        let token = ((self.thread << 40) | self.tokens) as i64;
+        let now = now_ms();
+        let inserted = {
+            let mut claim = self
+                .conn
+                .prepare_cached(SQL_CLAIM)
+                .map_err(|e| err("prepare", e))?;
+            claim.execute(params![
+                name,
+                &fp.digest()[..],
+                token,
+                now + LEASE_MS,
+                now,
+                now + RETENTION_MS
+            ])
+        };
+        match inserted {
+            Ok(1) => {}
+            Ok(n) => return Err(format!("claim inserted {n} rows")),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == ErrorCode::ConstraintViolation =>
+            {
+                // Taken: classify the stored row (never expected for a fresh key).
+                let row = self.get(&name)?;
+                return Err(format!(
+                    "fresh key {name} already taken (status {:?})",
+                    row.map(|r| r.status)
+                ));
+            }
+            Err(e) => return Err(err("claim insert", e)),
+        }
+        let now = now_ms();
+        let mut complete = self
+            .conn
+            .prepare_cached(SQL_COMPLETE)
+            .map_err(|e| err("prepare", e))?;
+        match complete.execute(params![
+            name,
+            token,
+            200,
+            &b""[..],
+            &self.sys.body,
+            now + RETENTION_MS
+        ]) {
+            Ok(1) => Ok(()),
+            Ok(n) => Err(format!("complete updated {n} rows (lease lost)")),
+            Err(e) => Err(err("complete update", e)),
+        }
+    }
+
+    fn replay(&mut self) -> Res<()> {
+        let set = &self.sys.set;
+        let i = self.rng.below(set.names.len());
+        let row = self.get(&set.names[i])?;
+        match row {
+            Some(row)
+                if row.fingerprint == set.fps[i].digest()[..]
+                    && row.status == "completed"
+                    && row.expires_at > now_ms()
+                    && row.response_status == Some(200)
+                    && row
+                        .response_body
+                        .as_ref()
+                        .is_some_and(|b| b.len() == BODY_LEN) =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("key {} did not replay", set.names[i])),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running a cell
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Work {
+    Pairs,
+    Replay,
+}
+
+/// What one kind of worker did inside the window.
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    latencies_ns: Vec<u64>,
+}
+
+struct CellResult {
+    pairs: Option<(f64, Option<Lat>)>,
+    replay: Option<f64>,
+}
+
+/// Runs `plan` (work kind, thread count) against `sys`: a warm-up, then a window of `secs`.
+/// Counts operations completing inside the window; records pair latencies.
+fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResult> {
+    let total: usize = plan.iter().map(|(_, n)| n).sum();
+    let warmup = Duration::from_secs_f64((secs / 6.0).clamp(0.2, 1.0));
+    let window = Duration::from_secs_f64(secs);
+    let ready = Barrier::new(total + 1);
+    let go = Barrier::new(total + 1);
+    let bounds: Mutex<Option<(Instant, Instant)>> = Mutex::new(None);
+    let abort = AtomicBool::new(false);
+    let results = thread::scope(|s| {
+        let mut handles = Vec::new();
+        let mut thread_id = 0;
+        for &(work, n) in plan {
+            for _ in 0..n {
+                let (ready, go, bounds, abort) = (&ready, &go, &bounds, &abort);
+                let id = thread_id;
+                thread_id += 1;
+                let handle = thread::Builder::new()
+                    .stack_size(512 << 10)
+                    .spawn_scoped(s, move || -> Res<(Work, Tally)> {
+                        let client = sys.client(id);
+                        ready.wait();
+                        go.wait();
+                        let mut client = client?;
+                        let (start, end) = bounds
+                            .lock()
+                            .map_err(|_| "poisoned".to_owned())?
+                            .ok_or("no window")?;
+                        let mut tally = Tally::default();
+                        loop {
+                            let t0 = Instant::now();
+                            if t0 >= end || abort.load(Ordering::Relaxed) {
+                                return Ok((work, tally));
+                            }
+                            let result = match work {
+                                Work::Pairs => client.pair(),
+                                Work::Replay => client.replay(),
+                            };
+                            if let Err(e) = result {
+                                abort.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                            let t1 = Instant::now();
+                            if t1 >= start && t1 <= end {
+                                tally.ops += 1;
+                                if work == Work::Pairs {
+                                    tally.latencies_ns.push((t1 - t0).as_nanos() as u64);
+                                }
+                            }
+                        }
+                    })
+                    .map_err(|e| err("spawning a thread", e));
+                handles.push(handle);
+            }
+        }
+        ready.wait();
+        let now = Instant::now();
+        if let Ok(mut b) = bounds.lock() {
+            *b = Some((now + warmup, now + warmup + window));
+        }
+        go.wait();
+        handles
+            .into_iter()
+            .map(|h| match h?.join() {
+                Ok(r) => r,
+                Err(_) => Err("a worker panicked".to_owned()),
+            })
+            .collect::<Vec<Res<(Work, Tally)>>>()
+    });
+    let mut pairs: Option<Tally> = None;
+    let mut replay: Option<Tally> = None;
+    for r in results {
+        let (work, tally) = r?;
+        let slot = match work {
+            Work::Pairs => &mut pairs,
+            Work::Replay => &mut replay,
+        };
+        let acc = slot.get_or_insert_with(Tally::default);
+        acc.ops += tally.ops;
+        acc.latencies_ns.extend(tally.latencies_ns);
+    }
+    Ok(CellResult {
+        pairs: pairs.map(|t| (t.ops as f64 / secs, percentiles(t.latencies_ns))),
+        replay: replay.map(|t| t.ops as f64 / secs),
+    })
+}
+
+/// Pages of 4 KiB that a one-operation commit of this store writes (measured with strace: 9
+/// pages plus a 320-byte header at offset 0).
+const COMMIT_PAGES: u64 = 9;
+
+/// `pwrite`s then `fdatasync`, in a loop, on a fresh 1 MiB file: with `pages == 0`, 100 bytes at
+/// offset 0 (the disk's bound on commits); otherwise a 320-byte header at 0 plus `pages` pages
+/// at scattered offsets, the shape of one small redb commit.
+fn fdatasync_rate(dir: &Path, secs: f64, pages: u64) -> Res<(f64, Option<Lat>)> {
+    const SPAN: u64 = 256;
+    let path = dir.join(format!("fdatasync-{pages}.bin"));
+    let file = File::create(&path).map_err(|e| err("create", e))?;
+    file.write_all_at(&vec![0u8; (SPAN * 4096) as usize], 0)
+        .map_err(|e| err("pwrite", e))?;
+    file.sync_all().map_err(|e| err("fsync", e))?;
+    let small = [7u8; 100];
+    let header = [7u8; 320];
+    let page = [9u8; 4096];
+    let mut rng = Rng::new(pages);
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut lat = Vec::new();
+    let start = Instant::now();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        if pages == 0 {
+            file.write_all_at(&small, 0).map_err(|e| err("pwrite", e))?;
+        } else {
+            for _ in 0..pages {
+                let at = 1 + rng.below(SPAN as usize - 1) as u64;
+                file.write_all_at(&page, at * 4096)
+                    .map_err(|e| err("pwrite", e))?;
+            }
+            file.write_all_at(&header, 0)
+                .map_err(|e| err("pwrite", e))?;
+        }
+        file.sync_data().map_err(|e| err("fdatasync", e))?;
+        lat.push(t0.elapsed().as_nanos() as u64);
+    }
+    let rate = lat.len() as f64 / start.elapsed().as_secs_f64();
+    Ok((rate, percentiles(lat)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The main run
+
+const SYSTEMS: [&str; 3] = ["store", "store-nogc", "sqlite-full"];
+
+struct Runner<'a> {
+    args: &'a Args,
+    out: &'a Out,
+    base: PathBuf,
+    set: Arc<ReplaySet>,
+    /// (workload, system, threads) → figure
+    pairs: Vec<(String, usize, f64, Option<Lat>)>,
+    replay: Vec<(String, usize, f64)>,
+    mixed: Vec<(String, f64, f64, Option<Lat>)>,
+}
+
+impl Runner<'_> {
+    /// Whether `--only` keeps the cell: names of systems and of workloads are filters of their
+    /// own kind, and a cell must pass both (`--only store,pairs` = the store's pair cells).
+    fn wants(&self, system: &str, workload: &str) -> bool {
+        wanted(&self.args.only, system, workload)
+    }
+
+    /// A fresh system in a fresh directory, its replay set completed beforehand if asked.
+    fn with_system<T>(
+        &self,
+        system: &str,
+        prefill: bool,
+        f: impl FnOnce(&dyn System) -> Res<T>,
+    ) -> Res<T> {
+        let dir = fresh_dir(&self.base, system)?;
+        let cell = CELL.fetch_add(1, Ordering::Relaxed);
+        match system {
+            "sqlite-full" => {
+                let sys = SqliteSys::create(dir.path(), Arc::clone(&self.set), cell)?;
+                if prefill {
+                    sys.prefill()?;
+                }
+                f(&sys)
+            }
+            _ => {
+                let durability = if system == "store-quickrepair" {
+                    Durability::QuickRepair
+                } else {
+                    Durability::Immediate
+                };
+                let nogc = system == "store-nogc";
+                if prefill {
+                    // Complete the replay set with group commit, then reopen with the system's
+                    // own settings (replays never reach the committer anyway).
+                    let store = open_store(dir.path(), false, durability)?;
+                    let set = Arc::clone(&self.set);
+                    prefill_store(
+                        &store,
+                        set.names.len() as u64,
+                        32,
+                        &|i| set.names[i as usize].clone(),
+                        &Out { quiet: true },
+                    )?;
+                    drop(store);
+                }
+                let sys = StoreSys {
+                    store: open_store(dir.path(), nogc, durability)?,
+                    set: Arc::clone(&self.set),
+                    cell,
+                    body: body(),
+                };
+                f(&sys)
+            }
+        }
+    }
+
+    fn run(&mut self) -> Res<()> {
+        let secs = self.args.seconds;
+        let threads = self.args.threads.clone();
+        for &t in &threads {
+            for system in SYSTEMS {
+                if !self.wants(system, "pairs") {
+                    continue;
+                }
+                self.out.note(format!("pairs  {system:<12} {t:>3} threads"));
+                let r = self.with_system(system, false, |sys| {
+                    run_cell(sys, &[(Work::Pairs, t)], secs)
+                })?;
+                if let Some((rate, lat)) = r.pairs {
+                    self.pairs.push((system.to_owned(), t, rate, lat));
+                }
+            }
+            if t == 1 && self.wants("store-quickrepair", "pairs") {
+                self.out.note("pairs  store-quickrepair   1 thread");
+                let r = self.with_system("store-quickrepair", false, |sys| {
+                    run_cell(sys, &[(Work::Pairs, 1)], secs)
+                })?;
+                if let Some((rate, lat)) = r.pairs {
+                    self.pairs.push(("store-quickrepair".into(), 1, rate, lat));
+                }
+            }
+        }
+        for system in SYSTEMS {
+            let want_replay = self.wants(system, "replay");
+            let want_mixed = self.wants(system, "mixed");
+            if !want_replay && !want_mixed {
+                continue;
+            }
+            // One prefilled database per system serves its replay and mixed cells.
+            self.out.note(format!(
+                "replay {system:<12} prefilling {}",
+                self.set.names.len()
+            ));
+            let (replay, mixed) = self.with_system(system, true, |sys| {
+                let mut replay = Vec::new();
+                if want_replay {
+                    for &t in &threads {
+                        self.out.note(format!("replay {system:<12} {t:>3} threads"));
+                        let r = run_cell(sys, &[(Work::Replay, t)], secs)?;
+                        replay.push((t, r.replay.unwrap_or(0.0)));
+                    }
+                }
+                let mut mixed = None;
+                if want_mixed {
+                    self.out.note(format!(
+                        "mixed  {system:<12} {MIXED_HALF} replay + {MIXED_HALF} pair threads"
+                    ));
+                    let r = run_cell(
+                        sys,
+                        &[(Work::Replay, MIXED_HALF), (Work::Pairs, MIXED_HALF)],
+                        secs,
+                    )?;
+                    let (p, lat) = r.pairs.unwrap_or((0.0, None));
+                    mixed = Some((r.replay.unwrap_or(0.0), p, lat));
+                }
+                Ok((replay, mixed))
+            })?;
+            for (t, rate) in replay {
+                self.replay.push((system.to_owned(), t, rate));
+            }
+            if let Some((r, p, lat)) = mixed {
+                self.mixed.push((system.to_owned(), r, p, lat));
+            }
+        }
+        Ok(())
+    }
+
+    fn pairs_at(&self, system: &str, t: usize) -> Option<f64> {
+        self.pairs
+            .iter()
+            .find(|(s, n, _, _)| s == system && *n == t)
+            .map(|p| p.2)
+    }
+
+    fn replay_at(&self, system: &str, t: usize) -> Option<f64> {
+        self.replay
+            .iter()
+            .find(|(s, n, _)| s == system && *n == t)
+            .map(|p| p.2)
+    }
+}
+
+const WORKLOADS: [&str; 3] = ["pairs", "replay", "mixed"];
+
+fn wanted(only: &[String], system: &str, workload: &str) -> bool {
+    let (workloads, systems): (Vec<&String>, Vec<&String>) =
+        only.iter().partition(|o| WORKLOADS.contains(&o.as_str()));
+    (systems.is_empty() || systems.iter().any(|s| *s == system))
+        && (workloads.is_empty() || workloads.iter().any(|w| *w == workload))
+}
+
+struct Target {
+    name: &'static str,
+    value: Option<f64>,
+    min: f64,
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn fmt_rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+}
+
+fn verdict(value: Option<f64>, pass: bool) -> &'static str {
+    match (value, pass) {
+        (None, _) => "n/a",
+        (Some(_), true) => "PASS",
+        (Some(_), false) => "FAIL",
+    }
+}
+
+fn machine_json() -> J {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    let cpus = thread::available_parallelism().map_or(0, |n| n.get() as u64);
+    let mut j = J::obj();
+    j.set("cpus", J::Int(cpus))
+        .set("cpu", J::Str(cpu))
+        .set("kernel", J::Str(kernel))
+        .set("loadavg", J::Str(load));
+    j
+}
+
+fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+    let fs = filesystem_of(&base);
+    out.line(format!(
+        "loadtest: {} s per cell, threads {:?}, bench dir {} on {fs}",
+        args.seconds,
+        args.threads,
+        base.display()
+    ));
+    let wants_fsync = args.only.is_empty() || args.only.iter().any(|o| o == "fdatasync");
+    if let Some(bad) = args.only.iter().find(|o| {
+        !(WORKLOADS.contains(&o.as_str())
+            || SYSTEMS.contains(&o.as_str())
+            || *o == "store-quickrepair"
+            || *o == "fdatasync")
+    }) {
+        return Err(format!("--only {bad:?}: not a system or workload name"));
+    }
+    let fsync_dir = fresh_dir(&base, "fdatasync")?;
+    let fsync_before = if wants_fsync {
+        out.note("fdatasync loop");
+        Some(fdatasync_rate(fsync_dir.path(), args.seconds, 0)?)
+    } else {
+        None
+    };
+    let fsync_pages = if wants_fsync {
+        out.note(format!(
+            "fdatasync loop, {COMMIT_PAGES} scattered pages per sync"
+        ));
+        Some(fdatasync_rate(
+            fsync_dir.path(),
+            args.seconds,
+            COMMIT_PAGES,
+        )?)
+    } else {
+        None
+    };
+
+    let mut runner = Runner {
+        args,
+        out,
+        base: base.clone(),
+        set: Arc::new(ReplaySet::new(args.replay_keys)?),
+        pairs: Vec::new(),
+        replay: Vec::new(),
+        mixed: Vec::new(),
+    };
+    let started = Instant::now();
+    runner.run()?;
+
+    let fsync_after = if wants_fsync {
+        out.note("fdatasync loop (again)");
+        Some(fdatasync_rate(fsync_dir.path(), args.seconds, 0)?)
+    } else {
+        None
+    };
+    // The mean of the loop before and after the cells, to even out drifting load.
+    let fsync = match (fsync_before, fsync_after) {
+        (Some((a, _)), Some((b, _))) => Some((a + b) / 2.0),
+        _ => None,
+    };
+
+    // ---- tables
+    let threads = &args.threads;
+    let header = |title: &str, width: usize| {
+        let mut h = format!("{title:<20}");
+        for t in threads {
+            let _ = write!(h, "{:>width$}", format!("{t} thr"));
+        }
+        h
+    };
+    out.line("");
+    out.line("pairs/s (fresh key: claim + complete, 200 B body, each durable)");
+    out.line(header("system", 11));
+    for system in SYSTEMS.iter().chain(&["store-quickrepair"]) {
+        if !runner.pairs.iter().any(|p| p.0 == *system) {
+            continue;
+        }
+        let mut row = format!("{system:<20}");
+        for &t in threads {
+            let _ = write!(row, "{:>11}", fmt_rate(runner.pairs_at(system, t)));
+        }
+        out.line(row);
+    }
+    if let Some(rate) = fsync {
+        out.line(format!(
+            "{:<20}{:>11}   (raw pwrite+fdatasync/s, 1 thread; pair bound = {:.0}/s)",
+            "fdatasync",
+            format!("{rate:.0}"),
+            rate / 2.0
+        ));
+    }
+    if let Some((rate, _)) = fsync_pages {
+        out.line(format!(
+            "{:<20}{:>11}   (info: {COMMIT_PAGES} x 4 KiB scattered + header, then fdatasync; \
+             the shape of a one-op commit; pair bound = {:.0}/s)",
+            "fdatasync-commit",
+            format!("{rate:.0}"),
+            rate / 2.0
+        ));
+    }
+    out.line("");
+    out.line("pair latency p50 / p99 (µs)");
+    out.line(header("system", 16));
+    for system in SYSTEMS.iter().chain(&["store-quickrepair"]) {
+        if !runner.pairs.iter().any(|p| p.0 == *system) {
+            continue;
+        }
+        let mut row = format!("{system:<20}");
+        for &t in threads {
+            let cell = runner
+                .pairs
+                .iter()
+                .find(|p| p.0 == *system && p.1 == t)
+                .and_then(|p| p.3)
+                .map_or_else(
+                    || "-".to_owned(),
+                    |l| format!("{:.0}/{:.0}", l.p50_us, l.p99_us),
+                );
+            let _ = write!(row, "{cell:>16}");
+        }
+        out.line(row);
+    }
+    if !runner.replay.is_empty() {
+        out.line("");
+        out.line(format!(
+            "replays/s (claim of a completed key, matching fingerprint; {} keys)",
+            args.replay_keys
+        ));
+        out.line(header("system", 11));
+        for system in SYSTEMS {
+            if !runner.replay.iter().any(|p| p.0 == system) {
+                continue;
+            }
+            let mut row = format!("{system:<20}");
+            for &t in threads {
+                let _ = write!(row, "{:>11}", fmt_rate(runner.replay_at(system, t)));
+            }
+            out.line(row);
+        }
+    }
+    if !runner.mixed.is_empty() {
+        out.line("");
+        out.line(format!(
+            "mixed: {MIXED_HALF} replay threads + {MIXED_HALF} fresh-pair threads"
+        ));
+        out.line(format!(
+            "{:<20}{:>12}{:>12}{:>16}{:>14}",
+            "system", "replays/s", "pairs/s", "replay-only@16", "mixed/only"
+        ));
+        for (system, r, p, _) in &runner.mixed {
+            let only = runner.replay_at(system, MIXED_HALF);
+            out.line(format!(
+                "{system:<20}{r:>12.0}{p:>12.0}{:>16}{:>14}",
+                fmt_rate(only),
+                ratio(Some(*r), only).map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+            ));
+        }
+    }
+
+    // ---- targets
+    let max_t = threads.iter().copied().max().unwrap_or(1);
+    let store_mixed = runner.mixed.iter().find(|m| m.0 == "store").map(|m| m.1);
+    let targets = [
+        Target {
+            name: "pairs_1t_store_over_sqlite",
+            value: ratio(
+                runner.pairs_at("store", 1),
+                runner.pairs_at("sqlite-full", 1),
+            ),
+            min: 1.0,
+        },
+        Target {
+            name: "pairs_1t_store_over_fdatasync_half",
+            value: ratio(runner.pairs_at("store", 1), fsync.map(|f| f / 2.0)),
+            min: 0.5,
+        },
+        Target {
+            name: "pairs_64t_store_over_sqlite",
+            value: ratio(
+                runner.pairs_at("store", 64),
+                runner.pairs_at("sqlite-full", 64),
+            ),
+            min: 10.0,
+        },
+        Target {
+            name: "pairs_store_64t_over_1t",
+            value: ratio(runner.pairs_at("store", 64), runner.pairs_at("store", 1)),
+            min: 8.0,
+        },
+        Target {
+            name: "replay_1t_store_over_sqlite",
+            value: ratio(
+                runner.replay_at("store", 1),
+                runner.replay_at("sqlite-full", 1),
+            ),
+            min: 1.5,
+        },
+        Target {
+            name: "mixed_replay_over_replay_only_16t",
+            value: ratio(store_mixed, runner.replay_at("store", MIXED_HALF)),
+            min: 0.8,
+        },
+    ];
+    out.line("");
+    out.line("targets");
+    for t in &targets {
+        let pass = t.value.is_some_and(|v| v >= t.min);
+        out.line(format!(
+            "  {:<50} {:>8}  (>= {:<4})  {}",
+            t.name,
+            t.value.map_or_else(|| "-".into(), |v| format!("{v:.2}")),
+            t.min,
+            verdict(t.value, pass)
+        ));
+    }
+    // Informative ratios (no target).
+    let extra = [
+        (
+            "pairs_store_over_nogc_max_threads",
+            ratio(
+                runner.pairs_at("store", max_t),
+                runner.pairs_at("store-nogc", max_t),
+            ),
+        ),
+        (
+            "pairs_1t_quickrepair_over_store",
+            ratio(
+                runner.pairs_at("store-quickrepair", 1),
+                runner.pairs_at("store", 1),
+            ),
+        ),
+        (
+            "pairs_1t_store_over_commit_shaped_fdatasync_half",
+            ratio(runner.pairs_at("store", 1), fsync_pages.map(|f| f.0 / 2.0)),
+        ),
+        (
+            "pairs_1t_sqlite_over_fdatasync_half",
+            ratio(runner.pairs_at("sqlite-full", 1), fsync.map(|f| f / 2.0)),
+        ),
+    ];
+    for (name, v) in &extra {
+        out.line(format!(
+            "  {:<50} {:>8}  (info)",
+            name,
+            v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+        ));
+    }
+    out.line(format!(
+        "cells took {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+
+    // ---- JSON
+    let mut j = J::obj();
+    j.set("mode", J::Str("loadtest".into()))
+        .set("seconds_per_cell", J::Num(args.seconds))
+        .set(
+            "threads",
+            J::Arr(threads.iter().map(|&t| J::Int(t as u64)).collect()),
+        )
+        .set("replay_keys", J::Int(args.replay_keys as u64))
+        .set("body_bytes", J::Int(BODY_LEN as u64))
+        .set("dir", J::Str(base.display().to_string()))
+        .set("filesystem", J::Str(fs))
+        .set("machine", machine_json());
+    let mut fj = J::obj();
+    fj.set("per_s", J::opt(fsync))
+        .set("before_per_s", J::opt(fsync_before.map(|f| f.0)))
+        .set("after_per_s", J::opt(fsync_after.map(|f| f.0)))
+        .set("latency", lat_json(fsync_before.and_then(|f| f.1)))
+        .set("pair_bound_per_s", J::opt(fsync.map(|f| f / 2.0)));
+    j.set("fdatasync", fj);
+    let mut cj = J::obj();
+    cj.set("pages", J::Int(COMMIT_PAGES))
+        .set("per_s", J::opt(fsync_pages.map(|f| f.0)))
+        .set("latency", lat_json(fsync_pages.and_then(|f| f.1)))
+        .set("pair_bound_per_s", J::opt(fsync_pages.map(|f| f.0 / 2.0)));
+    j.set("fdatasync_commit_shaped", cj);
+    for (system, t, rate, lat) in &runner.pairs {
+        let mut cell = J::obj();
+        cell.set("per_s", J::Num(*rate))
+            .set("latency", lat_json(*lat));
+        j.child("pairs").child(system).set(t.to_string(), cell);
+    }
+    for (system, t, rate) in &runner.replay {
+        j.child("replay")
+            .child(system)
+            .set(t.to_string(), J::Num(*rate));
+    }
+    for (system, r, p, lat) in &runner.mixed {
+        let mut cell = J::obj();
+        cell.set("replay_per_s", J::Num(*r))
+            .set("pairs_per_s", J::Num(*p))
+            .set("pair_latency", lat_json(*lat))
+            .set(
+                "replay_over_replay_only_16",
+                J::opt(ratio(Some(*r), runner.replay_at(system, MIXED_HALF))),
+            );
+        j.child("mixed").set(system.clone(), cell);
+    }
+    let mut tj = J::obj();
+    for t in &targets {
+        let mut cell = J::obj();
+        cell.set("value", J::opt(t.value))
+            .set("min", J::Num(t.min))
+            .set("pass", t.value.map_or(J::Null, |v| J::Bool(v >= t.min)));
+        tj.set(t.name, cell);
+    }
+    j.set("targets", tj);
+    let mut ej = J::obj();
+    for (name, v) in extra {
+        ej.set(name, J::opt(v));
+    }
+    j.set("ratios", ej);
+    Ok(j)
+}
+
+// ---------------------------------------------------------------------------------------------
+// --sweep: claim latency while sweep_all deletes a million expired records
+
+/// Fresh-key claims from this thread until `stop` says so (or `max` passes); latencies in ns.
+fn claim_loop(
+    store: &Store,
+    stream: u64,
+    stop: &dyn Fn(Instant) -> bool,
+) -> Res<(Vec<u64>, Duration)> {
+    let mut lat = Vec::new();
+    let mut i = 0;
+    let started = Instant::now();
+    loop {
+        let t0 = Instant::now();
+        if stop(t0) {
+            return Ok((lat, started.elapsed()));
+        }
+        i += 1;
+        let name = key_name(stream, i);
+        let key = Key::new(&name).map_err(|e| err("key", e))?;
+        match store.claim(&key, fingerprint_of(&name)) {
+            Ok(Claim::Acquired(_lease)) => {}
+            Ok(other) => return Err(format!("fresh key not acquired: {other:?}")),
+            Err(e) => return Err(err("claim", e)),
+        }
+        lat.push(t0.elapsed().as_nanos() as u64);
+    }
+}
+
+/// `sweep_all` with another batch size: `sweep(batch)` until a batch comes back short.
+fn sweep_in(store: &Store, batch: usize) -> idempotency_store::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = store.sweep(batch)?;
+        total += n as u64;
+        if n < batch {
+            return Ok(total);
+        }
+    }
+}
+
+fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+    let fs = filesystem_of(&base);
+    let n = args.records;
+    out.line(format!(
+        "sweep: {n} expired records, claim p99 without and during sweep_all; dir {} on {fs}",
+        base.display()
+    ));
+    let dir = fresh_dir(&base, "sweep")?;
+    let retention = Duration::from_secs(3600);
+    let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(retention)
+        .open(dir.path().join("store.redb"))
+        .map_err(|e| err("open", e))?;
+    let prefill = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
+    out.line(format!(
+        "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
+        prefill.as_secs_f64(),
+        n as f64 / prefill.as_secs_f64(),
+        args.prefill_threads
+    ));
+    // Everything so far is now past its retention.
+    clock.advance(retention + Duration::from_secs(1));
+    let file_before = std::fs::metadata(dir.path().join("store.redb")).map_or(0, |m| m.len());
+
+    let window = Duration::from_secs_f64(args.seconds);
+    // Warm-up, then the baseline.
+    let warm_end = Instant::now() + Duration::from_millis(300);
+    claim_loop(&store, 2, &|t| t >= warm_end)?;
+    let base_end = Instant::now() + window;
+    let (base_lat, _) = claim_loop(&store, 3, &|t| t >= base_end)?;
+    let base_n = base_lat.len();
+    let baseline = percentiles(base_lat);
+
+    let done = AtomicBool::new(false);
+    let (sweep_result, during) = thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            let t0 = Instant::now();
+            let r = match args.sweep_batch {
+                None => store.sweep_all(),
+                Some(batch) => sweep_in(&store, batch),
+            };
+            done.store(true, Ordering::SeqCst);
+            (r, t0.elapsed())
+        });
+        // Measure while the sweep runs (at most 3 windows, so a stuck sweep cannot hang us).
+        let cap = Instant::now() + window * 3;
+        let during = claim_loop(&store, 4, &|t| done.load(Ordering::SeqCst) || t >= cap);
+        let sweep = sweeper.join().map_err(|_| "sweeper panicked".to_owned());
+        (sweep, during)
+    });
+    let (sweep_result, sweep_time) = sweep_result?;
+    let swept = sweep_result.map_err(|e| err("sweep_all", e))?;
+    let (during_lat, during_time) = during?;
+    let during_n = during_lat.len();
+    let during = percentiles(during_lat);
+    let p99_ratio = match (baseline, during) {
+        (Some(a), Some(b)) if a.p99_us > 0.0 => Some(b.p99_us / a.p99_us),
+        _ => None,
+    };
+    let pass = p99_ratio.is_some_and(|r| r <= 3.0);
+    let show = |l: Option<Lat>| {
+        l.map_or_else(
+            || "-".into(),
+            |l| {
+                format!(
+                    "p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs ({} claims)",
+                    l.p50_us, l.p99_us, l.max_us, l.n
+                )
+            },
+        )
+    };
+    out.line(format!(
+        "claims without sweep:  {} ({:.0}/s)",
+        show(baseline),
+        base_n as f64 / window.as_secs_f64()
+    ));
+    out.line(format!(
+        "claims during sweep:   {} ({:.0}/s over {:.2} s)",
+        show(during),
+        during_n as f64 / during_time.as_secs_f64().max(1e-9),
+        during_time.as_secs_f64()
+    ));
+    out.line(format!(
+        "{} deleted {swept} in {:.2} s ({:.0}/s)",
+        args.sweep_batch
+            .map_or_else(|| "sweep_all".to_owned(), |b| format!("sweep({b}) loop")),
+        sweep_time.as_secs_f64(),
+        swept as f64 / sweep_time.as_secs_f64().max(1e-9)
+    ));
+    out.line(format!(
+        "target: p99 during sweep / p99 without <= 3.0: {} {}",
+        p99_ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}")),
+        verdict(p99_ratio, pass)
+    ));
+    let mut j = J::obj();
+    j.set("mode", J::Str("sweep".into()))
+        .set("records", J::Int(n))
+        .set("dir", J::Str(base.display().to_string()))
+        .set("filesystem", J::Str(fs))
+        .set("machine", machine_json())
+        .set("prefill_s", J::Num(prefill.as_secs_f64()))
+        .set("prefill_threads", J::Int(args.prefill_threads as u64))
+        .set("file_bytes", J::Int(file_before))
+        .set("claim_without_sweep", lat_json(baseline))
+        .set("claim_during_sweep", lat_json(during))
+        .set("during_window_s", J::Num(during_time.as_secs_f64()))
+        .set("swept", J::Int(swept))
+        .set("sweep_s", J::Num(sweep_time.as_secs_f64()))
+        .set(
+            "sweep_batch",
+            args.sweep_batch
+                .map_or(J::Str("sweep_all".into()), |b| J::Int(b as u64)),
+        )
+        .set("p99_ratio", J::opt(p99_ratio))
+        .set("p99_ratio_max", J::Num(3.0))
+        .set("pass", p99_ratio.map_or(J::Null, |_| J::Bool(pass)));
+    Ok(j)
+}
+
+// ---------------------------------------------------------------------------------------------
+// --space: a million completed records: peak RSS and file size
+
+fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+    let fs = filesystem_of(&base);
+    let n = args.records;
+    out.line(format!(
+        "space: {n} completed records with {BODY_LEN} B bodies; dir {} on {fs}",
+        base.display()
+    ));
+    let dir = fresh_dir(&base, "space")?;
+    let path = dir.path().join("store.redb");
+    let store = Store::open(&path).map_err(|e| err("open", e))?;
+    let took = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
+    let rss_open = peak_rss_kib();
+    // Where the resident memory is right after the inserts (the peak is VmHWM).
+    let mut now_rss = J::obj();
+    for field in ["VmRSS", "RssAnon", "RssFile", "VmStk"] {
+        now_rss.set(
+            field,
+            J::opt(proc_status_kib(field).map(|k| k as f64 / 1024.0)),
+        );
+    }
+    let (file_open, alloc_open) = file_bytes(&path);
+    let stats = store.stats().map_err(|e| err("stats", e))?;
+    drop(store);
+    let (file_closed, alloc_closed) = file_bytes(&path);
+    let rss = peak_rss_kib();
+    // key (36 B) + fingerprint digest (32 B) + body + headers (none) per record.
+    let raw = n * (36 + 32 + BODY_LEN as u64);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let rss_mib = rss.map(|k| k as f64 / 1024.0);
+    let ratio = file_open.max(file_closed) as f64 / raw as f64;
+    let rss_pass = rss_mib.is_some_and(|r| r <= 64.0);
+    let file_pass = ratio <= 2.0;
+    out.line(format!(
+        "inserted in {:.1} s ({:.0} pairs/s, {} threads); stats: {} completed",
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64(),
+        args.prefill_threads,
+        stats.completed
+    ));
+    out.line(format!(
+        "peak RSS (VmHWM): {} MiB  target <= 64 MiB: {}",
+        rss_mib.map_or_else(|| "-".into(), |r| format!("{r:.1}")),
+        verdict(rss_mib, rss_pass)
+    ));
+    out.line(format!(
+        "file: {:.1} MiB open, {:.1} MiB after close; raw {:.1} MiB; ratio {ratio:.2} \
+         (the larger)  target <= 2.0: {}",
+        mib(file_open),
+        mib(file_closed),
+        mib(raw),
+        verdict(Some(ratio), file_pass)
+    ));
+    out.line(format!(
+        "allocated on disk (st_blocks, the file is sparse): {:.1} MiB open, {:.1} MiB after \
+         close; allocated/raw {:.2}",
+        mib(alloc_open),
+        mib(alloc_closed),
+        alloc_open.max(alloc_closed) as f64 / raw as f64
+    ));
+    let mut j = J::obj();
+    j.set("mode", J::Str("space".into()))
+        .set("records", J::Int(n))
+        .set("dir", J::Str(base.display().to_string()))
+        .set("filesystem", J::Str(fs))
+        .set("machine", machine_json())
+        .set("insert_s", J::Num(took.as_secs_f64()))
+        .set("threads", J::Int(args.prefill_threads as u64))
+        .set("completed", J::Int(stats.completed))
+        .set("peak_rss_mib", J::opt(rss_mib))
+        .set(
+            "peak_rss_mib_while_open",
+            J::opt(rss_open.map(|k| k as f64 / 1024.0)),
+        )
+        .set("file_bytes_open", J::Int(file_open))
+        .set("file_bytes_closed", J::Int(file_closed))
+        .set("allocated_bytes_open", J::Int(alloc_open))
+        .set("allocated_bytes_closed", J::Int(alloc_closed))
+        .set(
+            "closed_file_over_raw",
+            J::Num(file_closed as f64 / raw as f64),
+        )
+        .set("mib_after_insert", now_rss)
+        .set("raw_bytes", J::Int(raw))
+        .set("file_over_raw", J::Num(ratio))
+        .set("rss_pass", rss_mib.map_or(J::Null, |_| J::Bool(rss_pass)))
+        .set("file_pass", J::Bool(file_pass));
+    Ok(j)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let out = Out {
+        quiet: args.json_only,
+    };
+    let result = bench_dir(&args).and_then(|base| match args.mode {
+        Mode::Main => main_run(&args, &out, base),
+        Mode::Sweep => sweep_run(&args, &out, base),
+        Mode::Space => space_run(&args, &out, base),
+    });
+    match result {
+        Ok(j) => {
+            println!("JSON: {}", j.line());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("loadtest failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

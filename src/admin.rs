@@ -1,0 +1,187 @@
+//! Operator tools: walking every record, reading a record whatever its expiry, and releasing a
+//! stuck key without its lease. The `idempotency-store` CLI is built on these.
+
+use std::marker::PhantomData;
+
+use redb::ReadableDatabase;
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result, contain};
+use crate::key::Key;
+use crate::ops::{Done, Op, RECORDS};
+use crate::outcome::RecordView;
+use crate::record::Record;
+use crate::store::{Store, misrouted, view};
+
+/// One record with its key, as [`Store::records`] yields it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredRecord {
+    /// The record's key (with its scope).
+    pub key: Key,
+    /// The record, expired or not: compare [`RecordView::expires_at`] with [`Store::now`].
+    pub record: RecordView,
+}
+
+/// An iterator over every record of a store, in storage order, from one read snapshot. Created
+/// by [`Store::records`].
+///
+/// Each item is one record, or the error that record met: a damaged record yields
+/// [`Error::Corrupted`] naming its key and the walk goes on; a storage failure yields its error
+/// and ends the walk.
+pub struct Records<'store> {
+    range: Option<redb::Range<'static, &'static [u8], &'static [u8]>>,
+    _store: PhantomData<&'store Store>,
+}
+
+impl std::fmt::Debug for Records<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("finished", &self.range.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Iterator for Records<'_> {
+    type Item = Result<StoredRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let range = self.range.as_mut()?;
+        let step = contain("listing records", || match range.next() {
+            None => Ok(None),
+            Some(Ok((key, value))) => Ok(Some(stored_record(key.value(), value.value()))),
+            Some(Err(err)) => Err(err.into()),
+        });
+        match step {
+            Ok(Some(item)) => Some(item),
+            Ok(None) => {
+                self.range = None;
+                None
+            }
+            Err(err) => {
+                self.range = None;
+                Some(Err(err))
+            }
+        }
+    }
+}
+
+/// What [`Store::force_release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForceRelease {
+    /// The in-progress record was deleted: the next claim of the key runs the operation afresh
+    /// (attempt 1).
+    Released {
+        /// The attempt that held the key.
+        attempt: u32,
+        /// When its lease lapses (or lapsed). If this is later than the time of the release,
+        /// the holder may well still be running.
+        lease_until: Timestamp,
+    },
+    /// The record is completed; nothing was changed (its response keeps replaying).
+    Completed,
+    /// There is no record for the key, or it has expired (a sweep deletes it); nothing was
+    /// changed.
+    NotFound,
+}
+
+impl Store {
+    /// Walks every record of the store, expired ones included, in storage order, from one read
+    /// snapshot (writers go on meanwhile and are not seen). For operator tools such as a listing
+    /// or an export; a service has no use for it.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let Claim::Acquired(_lease) = store.claim(&Key::new("k")?, Fingerprint::of(["r"]))? else {
+    ///     unreachable!()
+    /// };
+    /// let keys = store.records()?.map(|r| r.map(|r| r.key.to_string())).collect::<Result<Vec<_>, _>>()?;
+    /// assert_eq!(keys, ["k"]);
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`] or [`Error::Corrupted`] if the records table cannot be opened. Errors
+    /// met during the walk are items of the iterator (see [`Records`]).
+    pub fn records(&self) -> Result<Records<'_>> {
+        let range = contain("listing records", || {
+            let txn = self.db()?.begin_read()?;
+            let table = txn.open_table(RECORDS)?;
+            Ok(table.range::<&[u8]>(..)?)
+        })?;
+        Ok(Records {
+            range: Some(range),
+            _store: PhantomData,
+        })
+    }
+
+    /// The key's record, expired or not: like [`lookup`](Store::lookup), but an expired record
+    /// that no sweep has deleted yet is returned too (compare its `expires_at` with
+    /// [`now`](Store::now)). For operator tools.
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
+    pub fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        Ok(self.read(key)?.map(view))
+    }
+
+    /// Deletes the key's **in-progress** record without holding its lease, so that the next
+    /// claim runs the operation afresh. For an operator un-sticking a key, never for a service's
+    /// normal flow (use [`release`](Store::release) with the lease there).
+    ///
+    /// **Danger: this bypasses fencing.** If the attempt holding the key is still alive (or its
+    /// side effect already happened downstream), a retry after this call runs the operation a
+    /// second time: the payment is charged twice. Check downstream first. The old holder's
+    /// later `complete`, `release`, `heartbeat` or `checkpoint` then fails with
+    /// [`Error::LeaseLost`] (its token no longer matches any record), but its side effect is not
+    /// undone.
+    ///
+    /// Completed records are never deleted (the response keeps replaying), and an expired record
+    /// is left to the sweeps. The record, its expiry-index entry and the usage counters change
+    /// in one durable write transaction, so [`verify`](Store::verify) stays clean; callers
+    /// waiting in [`claim_wait`](Store::claim_wait) in this process are woken.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Error, Fingerprint, ForceRelease, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("stuck")?;
+    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["r"]))? else { unreachable!() };
+    /// assert!(matches!(store.force_release(&key)?, ForceRelease::Released { attempt: 1, .. }));
+    /// assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+    /// assert!(store.verify()?.is_clean());
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the record does not decode (nothing is changed);
+    /// [`Error::Storage`] if the transaction fails (the outcome of a failed commit is unknown:
+    /// inspect the key).
+    pub fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        match self.write(Op::ForceRelease { key: key.clone() })? {
+            Done::ForceReleased(outcome) => Ok(outcome),
+            _ => Err(misrouted()),
+        }
+    }
+}
+
+/// Decodes one stored entry; a damaged one becomes an error naming its key.
+fn stored_record(key: &[u8], value: &[u8]) -> Result<StoredRecord> {
+    let name = |bytes: &[u8]| match Key::from_stored(bytes) {
+        Ok(key) => format!("{:?}", key.to_string()),
+        Err(_) => format!("{:?}", String::from_utf8_lossy(bytes)),
+    };
+    let damaged = |err: Error| match err {
+        Error::Corrupted { reason } => Error::corrupted(format!("record {}: {reason}", name(key))),
+        other => other,
+    };
+    let parsed = Key::from_stored(key).map_err(damaged)?;
+    let record = Record::decode(key, value).map_err(damaged)?;
+    Ok(StoredRecord {
+        key: parsed,
+        record: view(record),
+    })
+}

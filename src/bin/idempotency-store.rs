@@ -1,0 +1,1011 @@
+//! `idempotency-store`: the operator CLI for an idempotency-store file.
+//!
+//! ```text
+//! idempotency-store stats   PATH
+//! idempotency-store get     PATH KEY [--scope S]
+//! idempotency-store list    PATH [--state in-progress|completed|expired] [--stuck] [--limit N]
+//! idempotency-store release PATH KEY [--scope S] [--yes]
+//! idempotency-store sweep   PATH
+//! idempotency-store verify  PATH
+//! idempotency-store export  PATH --jsonl
+//! ```
+//!
+//! Tables for people by default; `--json` prints JSON for scripts (`export` always prints JSON
+//! lines). Times in JSON are milliseconds since the Unix epoch (`*_ms`); in tables, UTC. Byte
+//! strings (response bodies, header values, checkpoints) are standard padded base64 in JSON
+//! (`*_base64`); fingerprints are lowercase hex of the 32-byte digest plus the algorithm version.
+//!
+//! The file is never created: a missing path is an error. The file must not be open elsewhere
+//! (a running service holds it): stop the service, or work on a copy.
+//!
+//! Exit codes: 0 done; 1 done, but the answer is a problem (`verify` found problems or the file
+//! is damaged, `list`/`export` skipped damaged records, `get` found no record); 2 could not do
+//! it (usage error, missing file, file already open, unreadable store, `release` refused or
+//! aborted).
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use idempotency_store::{
+    Error, ForceRelease, Key, RecordState, RecordView, Stats, Store, Timestamp, VerifyReport,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+const EXIT_PROBLEM: u8 = 1;
+const EXIT_FAILED: u8 = 2;
+/// Records deleted per sweep transaction (as `Store::sweep_all`).
+const SWEEP_BATCH: usize = 1024;
+/// The longest body, header value or checkpoint shown as text in `get` (characters).
+const SHOW_TEXT: usize = 1000;
+
+#[derive(Parser)]
+#[command(
+    name = "idempotency-store",
+    version,
+    about = "Inspect and maintain an idempotency-store file",
+    after_help = "Exit codes: 0 done; 1 problems found (verify, damaged records skipped, get: no \
+                  record); 2 could not do it (usage, missing file, already open, refused).\n\
+                  The file is never created, and must not be open in a running service."
+)]
+struct Cli {
+    /// Print JSON for scripts instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Count records by state (a full scan) and show the file size.
+    Stats {
+        /// The store file.
+        path: PathBuf,
+    },
+    /// Show one key's record, expired or not, with its stored response.
+    Get {
+        /// The store file.
+        path: PathBuf,
+        /// The idempotency key.
+        key: String,
+        /// The key's scope (tenant, client), if it was stored with one.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// List records in storage order (all of them, expired ones included, unless filtered).
+    List {
+        /// The store file.
+        path: PathBuf,
+        /// Only records in this state (in-progress includes stuck ones; expired ones are listed
+        /// only with `expired`).
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// Only in-progress records whose lease has lapsed.
+        #[arg(long)]
+        stuck: bool,
+        /// At most this many records.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// Delete a key's in-progress record so that the next retry runs the operation afresh.
+    ///
+    /// DANGER: this bypasses the lease. If the attempt holding the key is still running, or its
+    /// side effect already happened downstream, the retry runs the operation AGAIN (for example
+    /// a second charge). Check downstream first. Completed records are never released. Asks for
+    /// confirmation on the terminal unless --yes.
+    Release {
+        /// The store file.
+        path: PathBuf,
+        /// The idempotency key.
+        key: String,
+        /// The key's scope, if it was stored with one.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Do not ask for confirmation (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Delete every expired record and print how many were deleted.
+    Sweep {
+        /// The store file.
+        path: PathBuf,
+    },
+    /// Check every invariant of the store; exit code 1 and a list if anything is wrong.
+    Verify {
+        /// The store file.
+        path: PathBuf,
+    },
+    /// Write every record (expired ones included) to stdout, one JSON object per line.
+    ///
+    /// Fields: key, scope (or null), state (in-progress | completed), stuck, expired, attempt,
+    /// fingerprint (hex digest), fingerprint_version, created_at_ms, expires_at_ms,
+    /// lease_until_ms, completed_at_ms, status, checkpoint_base64, and response (null while in
+    /// progress) with status, headers [{name, value_base64}] and body_base64. Times are
+    /// milliseconds since the Unix epoch; bytes are standard padded base64.
+    Export {
+        /// The store file.
+        path: PathBuf,
+        /// JSON lines (the only format so far; required so that others can be added).
+        #[arg(long, required = true)]
+        jsonl: bool,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StateFilter {
+    /// Held by an attempt (including stuck ones), not expired.
+    InProgress,
+    /// Response stored, not expired.
+    Completed,
+    /// Past its expiry, waiting for a sweep.
+    Expired,
+}
+
+/// Why a command ends with a non-zero exit code (or ends early because stdout was closed).
+struct Fail {
+    code: u8,
+    /// The one line printed to stderr after `error: `; `None` to end quietly.
+    message: Option<String>,
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Fail {
+    Fail {
+        code,
+        message: Some(one_line(&message.into())),
+    }
+}
+
+impl From<io::Error> for Fail {
+    fn from(err: io::Error) -> Self {
+        if err.kind() == io::ErrorKind::BrokenPipe {
+            // The reader went away (`| head`): stop quietly, like other Unix tools.
+            Fail {
+                code: 0,
+                message: None,
+            }
+        } else {
+            fail(EXIT_FAILED, format!("writing the output: {err}"))
+        }
+    }
+}
+
+type Outcome = Result<ExitCode, Fail>;
+
+fn main() -> ExitCode {
+    // The library turns a panic inside redb on a damaged file into an error; keep the default
+    // hook from printing it (and a backtrace hint) on the way.
+    std::panic::set_hook(Box::new(|_| {}));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(EXIT_FAILED));
+        }
+    };
+    let result = std::panic::catch_unwind(|| run(&cli)).unwrap_or_else(|payload| {
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(fail(EXIT_FAILED, format!("internal error: {text}")))
+    });
+    match result {
+        Ok(code) => code,
+        Err(Fail { code, message }) => {
+            if let Some(message) = message {
+                let _ = writeln!(io::stderr(), "error: {message}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Outcome {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let code = match &cli.command {
+        Command::Stats { path } => stats(&mut out, cli.json, path),
+        Command::Get { path, key, scope } => get(&mut out, cli.json, path, key, scope.as_deref()),
+        Command::List {
+            path,
+            state,
+            stuck,
+            limit,
+        } => list(&mut out, cli.json, path, *state, *stuck, *limit),
+        Command::Release {
+            path,
+            key,
+            scope,
+            yes,
+        } => release(&mut out, cli.json, path, key, scope.as_deref(), *yes),
+        Command::Sweep { path } => sweep(&mut out, cli.json, path),
+        Command::Verify { path } => verify(&mut out, cli.json, path),
+        Command::Export { path, jsonl: _ } => export(&mut out, path),
+    };
+    // Whatever was printed before a failure still goes out.
+    let flushed = out.flush();
+    let code = code?;
+    flushed?;
+    Ok(code)
+}
+
+// ----- commands -------------------------------------------------------------------------------
+
+fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
+    let store = open(path)?;
+    let s: Stats = store.stats().map_err(|e| store_fail(path, &e))?;
+    let total = s.in_progress + s.completed + s.expired;
+    if as_json {
+        let value = json!({
+            "records": total,
+            "in_progress": s.in_progress,
+            "stuck": s.stuck,
+            "completed": s.completed,
+            "expired": s.expired,
+            "file_bytes": s.file_bytes,
+        });
+        writeln!(out, "{value}")?;
+    } else {
+        let stuck = if s.stuck > 0 {
+            format!(
+                "({} stuck: lease lapsed, waiting for a retry or `release`)",
+                s.stuck
+            )
+        } else {
+            String::new()
+        };
+        let row = |name: &str, count: u64, note: &str| {
+            vec![name.to_owned(), count.to_string(), note.to_owned()]
+        };
+        let rows = [
+            row("in progress", s.in_progress, &stuck),
+            row("completed", s.completed, ""),
+            row("expired", s.expired, "(deleted by the next sweep)"),
+            row("total", total, ""),
+        ];
+        table(out, &["STATE", "RECORDS", ""], &rows)?;
+        if let Some(bytes) = s.file_bytes {
+            writeln!(out, "\nfile size: {} ({bytes} bytes)", human_bytes(bytes))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option<&str>) -> Outcome {
+    let key = make_key(key, scope)?;
+    let store = open(path)?;
+    let now = store.now();
+    let Some(record) = store.inspect(&key).map_err(|e| store_fail(path, &e))? else {
+        return Err(fail(
+            EXIT_PROBLEM,
+            format!("no record for key {}", shown(&key)),
+        ));
+    };
+    if as_json {
+        writeln!(out, "{}", record_json(&key, &record, now, true))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let when = |t: Timestamp| format!("{} ({})", utc(t), relative(t, now));
+    let mut rows: Vec<[String; 2]> = vec![
+        ["key".into(), key.key().into()],
+        ["scope".into(), key.scope().unwrap_or("-").into()],
+        ["state".into(), label(&record, now).into()],
+        ["attempt".into(), record.attempt.to_string()],
+        [
+            "fingerprint".into(),
+            format!(
+                "v{} {}",
+                record.fingerprint.version(),
+                hex(record.fingerprint.digest())
+            ),
+        ],
+        ["created".into(), when(record.created_at)],
+    ];
+    match &record.state {
+        RecordState::InProgress {
+            lease_until,
+            checkpoint,
+        } => {
+            let lease = if *lease_until > now {
+                format!(
+                    "{} (live for {} more)",
+                    utc(*lease_until),
+                    span(*lease_until, now)
+                )
+            } else {
+                format!(
+                    "{} (lapsed {} ago)",
+                    utc(*lease_until),
+                    span(now, *lease_until)
+                )
+            };
+            rows.push(["lease until".into(), lease]);
+            rows.push(["expires".into(), when(record.expires_at)]);
+            rows.push([
+                "checkpoint".into(),
+                checkpoint
+                    .as_deref()
+                    .map_or_else(|| "-".into(), shown_bytes),
+            ]);
+        }
+        RecordState::Completed {
+            completed_at,
+            response,
+        } => {
+            rows.push(["completed".into(), when(*completed_at)]);
+            rows.push(["expires".into(), when(record.expires_at)]);
+            rows.push(["status".into(), response.status.to_string()]);
+            for (name, value) in &response.headers {
+                rows.push([
+                    "header".into(),
+                    format!(
+                        "{name}: {}",
+                        printable(value).unwrap_or_else(|| shown_bytes(value))
+                    ),
+                ]);
+            }
+            rows.push(["body".into(), shown_bytes(&response.body)]);
+        }
+    }
+    for [name, value] in rows {
+        writeln!(out, "{name:<12} {value}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(
+    out: &mut dyn Write,
+    as_json: bool,
+    path: &Path,
+    state: Option<StateFilter>,
+    stuck: bool,
+    limit: Option<usize>,
+) -> Outcome {
+    if stuck && matches!(state, Some(StateFilter::Completed | StateFilter::Expired)) {
+        return Err(fail(
+            EXIT_FAILED,
+            "--stuck selects in-progress records; it cannot be combined with that --state",
+        ));
+    }
+    let store = open(path)?;
+    let now = store.now();
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut shown = Vec::new();
+    let mut more = false;
+    let mut damaged = 0u64;
+    for item in store.records().map_err(|e| store_fail(path, &e))? {
+        let entry = match item {
+            Ok(entry) => entry,
+            Err(err) => {
+                damaged += 1;
+                warn(&format!("skipped: {}", describe(&err)));
+                continue;
+            }
+        };
+        let r = &entry.record;
+        let expired = r.expires_at <= now;
+        let keep = match state {
+            None => true,
+            Some(StateFilter::Expired) => expired,
+            Some(StateFilter::InProgress) => !expired && lease(r).is_some(),
+            Some(StateFilter::Completed) => !expired && lease(r).is_none(),
+        } && (!stuck || is_stuck(r, now));
+        if !keep {
+            continue;
+        }
+        if shown.len() == limit {
+            more = true;
+            break;
+        }
+        shown.push(entry);
+    }
+    if as_json {
+        let rows: Vec<Value> = shown
+            .iter()
+            .map(|e| record_json(&e.key, &e.record, now, false))
+            .collect();
+        writeln!(out, "{}", Value::Array(rows))?;
+    } else if shown.is_empty() {
+        writeln!(out, "no matching records")?;
+    } else {
+        let rows: Vec<Vec<String>> = shown
+            .iter()
+            .map(|e| {
+                let r = &e.record;
+                let (until, status) = match &r.state {
+                    RecordState::InProgress { lease_until, .. } => (utc(*lease_until), "-".into()),
+                    RecordState::Completed {
+                        completed_at,
+                        response,
+                    } => (utc(*completed_at), response.status.to_string()),
+                };
+                vec![
+                    e.key.key().to_owned(),
+                    e.key.scope().unwrap_or("-").to_owned(),
+                    label(r, now).to_owned(),
+                    r.attempt.to_string(),
+                    utc(r.created_at),
+                    until,
+                    utc(r.expires_at),
+                    status,
+                ]
+            })
+            .collect();
+        table(
+            out,
+            &[
+                "KEY",
+                "SCOPE",
+                "STATE",
+                "ATTEMPT",
+                "CREATED (UTC)",
+                "LEASE UNTIL / COMPLETED",
+                "EXPIRES",
+                "STATUS",
+            ],
+            &rows,
+        )?;
+    }
+    if more {
+        warn(&format!(
+            "showing the first {limit} matching records; more match (raise --limit)"
+        ));
+    }
+    damaged_outcome(damaged)
+}
+
+fn release(
+    out: &mut dyn Write,
+    as_json: bool,
+    path: &Path,
+    key: &str,
+    scope: Option<&str>,
+    yes: bool,
+) -> Outcome {
+    let key = make_key(key, scope)?;
+    let store = open(path)?;
+    let now = store.now();
+    let record = store.inspect(&key).map_err(|e| store_fail(path, &e))?;
+    let Some(record) = record.filter(|r| r.expires_at > now) else {
+        return Err(fail(
+            EXIT_FAILED,
+            format!("no record for key {} (nothing to release)", shown(&key)),
+        ));
+    };
+    let Some(lease_until) = lease(&record) else {
+        return Err(fail(
+            EXIT_FAILED,
+            format!(
+                "refusing to release key {}: it is completed and replays its response; \
+                 release only un-sticks in-progress keys",
+                shown(&key)
+            ),
+        ));
+    };
+    if !yes {
+        if !io::stdin().is_terminal() {
+            return Err(fail(
+                EXIT_FAILED,
+                format!(
+                    "refusing to release key {} without confirmation: stdin is not a terminal; \
+                     check downstream, then pass --yes",
+                    shown(&key)
+                ),
+            ));
+        }
+        let holder = if lease_until > now {
+            format!(
+                "its lease is LIVE for {} more: attempt {} may still be running",
+                span(lease_until, now),
+                record.attempt
+            )
+        } else {
+            format!(
+                "its lease lapsed {} ago (attempt {})",
+                span(now, lease_until),
+                record.attempt
+            )
+        };
+        let mut err = io::stderr().lock();
+        write!(
+            err,
+            "Key {} is in progress; {holder}.\nReleasing deletes the record without the lease: \
+             the next retry runs the operation AGAIN.\nIf the operation (or its side effect) \
+             may have happened, it will happen twice. Check downstream first.\n\
+             Release key {}? [y/N] ",
+            shown(&key),
+            shown(&key)
+        )?;
+        err.flush()?;
+        let mut answer = String::new();
+        io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            return Err(fail(EXIT_FAILED, "aborted; nothing was changed"));
+        }
+    }
+    match store
+        .force_release(&key)
+        .map_err(|e| store_fail(path, &e))?
+    {
+        ForceRelease::Released {
+            attempt,
+            lease_until,
+        } => {
+            if as_json {
+                let value = json!({
+                    "released": true,
+                    "key": key.key(),
+                    "scope": key.scope(),
+                    "attempt": attempt,
+                    "lease_until_ms": lease_until.as_millis(),
+                    "lease_was_live": lease_until > now,
+                });
+                writeln!(out, "{value}")?;
+            } else {
+                writeln!(
+                    out,
+                    "released key {} (attempt {attempt}); the next claim runs the operation afresh",
+                    shown(&key)
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ForceRelease::Completed => Err(fail(
+            EXIT_FAILED,
+            format!(
+                "key {} completed meanwhile; nothing was changed",
+                shown(&key)
+            ),
+        )),
+        _ => Err(fail(
+            EXIT_FAILED,
+            format!("key {} is gone meanwhile; nothing was changed", shown(&key)),
+        )),
+    }
+}
+
+fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
+    let store = open(path)?;
+    let mut total = 0u64;
+    // The bar appears only once a second batch is needed (long work), on a terminal.
+    let mut bar: Option<ProgressBar> = None;
+    let result = loop {
+        match store.sweep(SWEEP_BATCH) {
+            Ok(n) => {
+                total += n as u64;
+                if n < SWEEP_BATCH {
+                    break Ok(());
+                }
+                let bar = bar.get_or_insert_with(|| {
+                    let style = ProgressStyle::with_template(
+                        "{spinner} sweeping expired records: {pos} deleted ({elapsed})",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner());
+                    let bar = ProgressBar::new_spinner().with_style(style);
+                    bar.enable_steady_tick(Duration::from_millis(120));
+                    bar
+                });
+                bar.set_position(total);
+            }
+            Err(err) => break Err(err),
+        }
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if let Err(err) = result {
+        return Err(fail(
+            EXIT_FAILED,
+            format!(
+                "{}: {} (after deleting {total} expired records)",
+                path.display(),
+                describe(&err)
+            ),
+        ));
+    }
+    if as_json {
+        writeln!(out, "{}", json!({ "swept": total }))?;
+    } else {
+        writeln!(out, "deleted {total} expired record{}", plural(total))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
+    check_exists(path)?;
+    // A file that does not open as a store, or a walk that meets damage, is a problem with
+    // the file (exit 1); a file that cannot be looked at (already open, I/O) is not (exit 2).
+    let walked = Store::open(path).and_then(|store| store.verify());
+    let opened = walked.is_ok();
+    let report = match walked {
+        Ok(report) => report,
+        Err(err @ (Error::Corrupted { .. } | Error::NotAStore { .. })) => {
+            let mut report = VerifyReport::default();
+            report.problems.push(describe(&err));
+            report
+        }
+        Err(err) => return Err(store_fail(path, &err)),
+    };
+    if as_json {
+        let value = json!({
+            "clean": report.is_clean(),
+            "records": report.records,
+            "expiry_entries": report.expiry_entries,
+            "problems": report.problems,
+        });
+        writeln!(out, "{value}")?;
+    } else if report.is_clean() {
+        writeln!(
+            out,
+            "ok: {} record{}, {} expiry entr{}, no problems",
+            report.records,
+            plural(report.records),
+            report.expiry_entries,
+            if report.expiry_entries == 1 {
+                "y"
+            } else {
+                "ies"
+            }
+        )?;
+    } else {
+        let n = report.problems.len();
+        if opened {
+            writeln!(
+                out,
+                "{n} problem{} ({} records, {} expiry entries walked):",
+                plural(n as u64),
+                report.records,
+                report.expiry_entries
+            )?;
+        } else {
+            writeln!(
+                out,
+                "{n} problem{} (the file cannot be walked):",
+                plural(n as u64)
+            )?;
+        }
+        for problem in &report.problems {
+            writeln!(out, "  {}", one_line(problem))?;
+        }
+    }
+    if report.is_clean() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        let n = report.problems.len();
+        Err(fail(
+            EXIT_PROBLEM,
+            format!("{}: {n} problem{} found", path.display(), plural(n as u64)),
+        ))
+    }
+}
+
+fn export(out: &mut dyn Write, path: &Path) -> Outcome {
+    let store = open(path)?;
+    let now = store.now();
+    let mut damaged = 0u64;
+    for item in store.records().map_err(|e| store_fail(path, &e))? {
+        match item {
+            Ok(entry) => writeln!(out, "{}", record_json(&entry.key, &entry.record, now, true))?,
+            Err(err) => {
+                damaged += 1;
+                warn(&format!("not exported: {}", describe(&err)));
+            }
+        }
+    }
+    damaged_outcome(damaged)
+}
+
+// ----- opening and errors ---------------------------------------------------------------------
+
+/// Fails unless `path` is an existing regular file: `Store::open` would create it.
+fn check_exists(path: &Path) -> Result<(), Fail> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(fail(
+            EXIT_FAILED,
+            format!("{}: is a directory, not a store file", path.display()),
+        )),
+        Ok(_) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Err(fail(
+            EXIT_FAILED,
+            format!("{}: no such file", path.display()),
+        )),
+        Err(err) => Err(fail(EXIT_FAILED, format!("{}: {err}", path.display()))),
+    }
+}
+
+fn open(path: &Path) -> Result<Store, Fail> {
+    check_exists(path)?;
+    Store::open(path).map_err(|e| store_fail(path, &e))
+}
+
+fn store_fail(path: &Path, err: &Error) -> Fail {
+    let message = match err {
+        Error::AlreadyOpen => format!(
+            "{}: the store file is already open in another process (is the service running?); \
+             stop it, or run this on a copy of the file",
+            path.display()
+        ),
+        other => format!("{}: {}", path.display(), describe(other)),
+    };
+    fail(EXIT_FAILED, message)
+}
+
+/// The error and its causes on one line.
+fn describe(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    one_line(&text)
+}
+
+fn one_line(text: &str) -> String {
+    text.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn warn(message: &str) {
+    let _ = writeln!(io::stderr(), "warning: {}", one_line(message));
+}
+
+fn damaged_outcome(damaged: u64) -> Outcome {
+    if damaged == 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Err(fail(
+        EXIT_PROBLEM,
+        format!(
+            "{damaged} damaged record{} skipped; run `idempotency-store verify`",
+            plural(damaged)
+        ),
+    ))
+}
+
+fn make_key(key: &str, scope: Option<&str>) -> Result<Key, Fail> {
+    match scope {
+        Some(scope) => Key::scoped(scope, key),
+        None => Key::new(key),
+    }
+    .map_err(|e| fail(EXIT_FAILED, describe(&e)))
+}
+
+// ----- records --------------------------------------------------------------------------------
+
+/// The lease deadline of an in-progress record.
+fn lease(record: &RecordView) -> Option<Timestamp> {
+    match record.state {
+        RecordState::InProgress { lease_until, .. } => Some(lease_until),
+        RecordState::Completed { .. } => None,
+    }
+}
+
+/// In progress, not expired, lease lapsed (as `Store::stats` counts it).
+fn is_stuck(record: &RecordView, now: Timestamp) -> bool {
+    record.expires_at > now && lease(record).is_some_and(|until| now >= until)
+}
+
+fn label(record: &RecordView, now: Timestamp) -> &'static str {
+    if record.expires_at <= now {
+        "expired"
+    } else if is_stuck(record, now) {
+        "stuck"
+    } else if lease(record).is_some() {
+        "in-progress"
+    } else {
+        "completed"
+    }
+}
+
+/// A record as JSON; `full` adds the checkpoint and the whole response (export, get).
+fn record_json(key: &Key, record: &RecordView, now: Timestamp, full: bool) -> Value {
+    let (state, lease_until, completed_at, status) = match &record.state {
+        RecordState::InProgress { lease_until, .. } => {
+            ("in-progress", Some(lease_until.as_millis()), None, None)
+        }
+        RecordState::Completed {
+            completed_at,
+            response,
+        } => (
+            "completed",
+            None,
+            Some(completed_at.as_millis()),
+            Some(response.status),
+        ),
+    };
+    let mut value = json!({
+        "key": key.key(),
+        "scope": key.scope(),
+        "state": state,
+        "stuck": is_stuck(record, now),
+        "expired": record.expires_at <= now,
+        "attempt": record.attempt,
+        "fingerprint": hex(record.fingerprint.digest()),
+        "fingerprint_version": record.fingerprint.version(),
+        "created_at_ms": record.created_at.as_millis(),
+        "expires_at_ms": record.expires_at.as_millis(),
+        "lease_until_ms": lease_until,
+        "completed_at_ms": completed_at,
+        "status": status,
+    });
+    if full && let Value::Object(map) = &mut value {
+        let (checkpoint, response) = match &record.state {
+            RecordState::InProgress { checkpoint, .. } => {
+                (checkpoint.as_deref().map(base64), Value::Null)
+            }
+            RecordState::Completed { response, .. } => {
+                let headers: Vec<Value> = response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| json!({ "name": name, "value_base64": base64(value) }))
+                    .collect();
+                let response = json!({
+                    "status": response.status,
+                    "headers": headers,
+                    "body_base64": base64(&response.body),
+                });
+                (None, response)
+            }
+        };
+        map.insert("checkpoint_base64".into(), json!(checkpoint));
+        map.insert("response".into(), response);
+    }
+    value
+}
+
+fn shown(key: &Key) -> String {
+    match key.scope() {
+        Some(scope) => format!("{:?} (scope {scope:?})", key.key()),
+        None => format!("{:?}", key.key()),
+    }
+}
+
+// ----- formatting -----------------------------------------------------------------------------
+
+fn table(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let cell = |row: &[String], i: usize| row.get(i).map_or(0, |c| c.chars().count());
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| cell(r, i))
+                .chain([header.get(i).map_or(0, |h| h.len())])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
+            let _ = write!(line, "{cell:<width$}  ");
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
+}
+
+/// A timestamp as UTC, to the second: `2026-05-01T12:00:05Z`.
+fn utc(t: Timestamp) -> String {
+    let secs = t.as_millis() / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn relative(t: Timestamp, now: Timestamp) -> String {
+    if t > now {
+        format!("in {}", span(t, now))
+    } else {
+        format!("{} ago", span(now, t))
+    }
+}
+
+/// `later - earlier`, coarsely: `59s`, `4m05s`, `3h02m`, `2d01h`.
+fn span(later: Timestamp, earlier: Timestamp) -> String {
+    let s = later.saturating_duration_since(earlier).as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        _ => format!("{}d{:02}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS.get(unit).copied().unwrap_or("TiB"))
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// Printable text (control characters escaped), or `None` for bytes that are not UTF-8.
+fn printable(bytes: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut shown = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == SHOW_TEXT {
+            shown.push('…');
+            break;
+        }
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    Some(shown)
+}
+
+/// `17 bytes: {"id":"pay_1"}`, or a pointer to `--json` for binary data.
+fn shown_bytes(bytes: &[u8]) -> String {
+    let n = bytes.len();
+    match printable(bytes) {
+        Some(text) if !text.is_empty() => format!("{n} byte{}: {text}", plural(n as u64)),
+        Some(_) => "0 bytes".to_owned(),
+        None => format!("{n} bytes of binary data (`--json` shows them in base64)"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Standard base64 (RFC 4648 §4) with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let sextet = (n >> (18 - 6 * i)) & 63;
+                out.push(char::from(ALPHABET[sextet as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
