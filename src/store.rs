@@ -465,10 +465,12 @@ impl Store {
     ///
     /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
     /// let store = Store::builder().open_in_memory()?;
-    /// let rows = store.read_with(|txn| match txn.open_table(LEDGER) {
-    ///     Ok(table) => redb::ReadableTableMetadata::len(&table),
-    ///     Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-    ///     Err(other) => Err(other.into()),
+    /// let rows = store.read_with(|txn| -> Result<u64, redb::Error> {
+    ///     match txn.open_table(LEDGER) {
+    ///         Ok(table) => Ok(redb::ReadableTableMetadata::len(&table)?),
+    ///         Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+    ///         Err(other) => Err(other.into()),
+    ///     }
     /// })??;
     /// assert_eq!(rows, 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
