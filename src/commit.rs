@@ -1,10 +1,15 @@
 //! Group commit: many threads' write calls share one transaction and one durable commit.
 //!
-//! Leader/follower on one mutex and condvar, with no thread of its own. A caller queues its
-//! operation; if no leader is active it becomes the leader, takes up to `max_batch` queued
-//! operations in arrival order, runs them in one transaction and commits, then hands each
-//! caller its result. Callers that queued while that commit was syncing form the next batch,
-//! so batches grow with load by themselves and a lone caller never waits for company.
+//! Leader/follower with no thread of its own. A caller queues its operation; if no leader is
+//! active it becomes the leader, takes up to `max_batch` queued operations in arrival order,
+//! runs them in one transaction and commits, then hands each caller its result and appoints
+//! the caller at the head of the queue as the next leader. Callers that queued while that
+//! commit was syncing form the next batch, so batches grow with load by themselves and a lone
+//! caller never waits for company.
+//!
+//! Each caller waits on a slot of its own, so a commit wakes exactly its batch's callers and the
+//! next leader, not every waiter (with 64 callers a shared condvar made every commit a
+//! thundering herd, and halved the batches).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -14,25 +19,53 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{Error, Result};
 use crate::ops::{Done, Op};
 
-type Slot = Arc<Mutex<Option<Result<Done>>>>;
-
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
-    settled: Condvar,
     max_batch: usize,
 }
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<(Op, Slot)>,
+    jobs: VecDeque<(Op, Arc<Slot>)>,
+    /// A leader is running a batch, or has been appointed and will.
     leader: bool,
+}
+
+/// Where one caller waits for its turn to lead or for its result.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<Turn>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+enum Turn {
+    #[default]
+    Queued,
+    Lead,
+    Done(Result<Done>),
+}
+
+impl Slot {
+    fn set(&self, turn: Turn) {
+        *self.state.lock() = turn;
+        self.changed.notify_one();
+    }
+
+    /// Waits until this caller leads or has its result.
+    fn wait(&self) -> Turn {
+        let mut state = self.state.lock();
+        while matches!(*state, Turn::Queued) {
+            self.changed.wait(&mut state);
+        }
+        std::mem::take(&mut *state)
+    }
 }
 
 impl Committer {
     pub(crate) fn new(max_batch: usize) -> Self {
         Committer {
             queue: Mutex::new(Queue::default()),
-            settled: Condvar::new(),
             max_batch,
         }
     }
@@ -43,30 +76,42 @@ impl Committer {
     where
         F: Fn(Vec<Op>) -> Vec<Result<Done>>,
     {
-        let slot: Slot = Arc::new(Mutex::new(None));
-        let mut queue = self.queue.lock();
-        queue.jobs.push_back((op, Arc::clone(&slot)));
+        let slot = Arc::new(Slot::default());
+        let lead_now = {
+            let mut queue = self.queue.lock();
+            queue.jobs.push_back((op, Arc::clone(&slot)));
+            !std::mem::replace(&mut queue.leader, true)
+        };
+        if lead_now {
+            slot.set(Turn::Lead);
+        }
         loop {
-            if let Some(result) = slot.lock().take() {
-                return result;
+            match slot.wait() {
+                Turn::Done(result) => return result,
+                // A leader is always at the head of the queue, so its own operation is in the
+                // batch it runs and the next wait returns its result.
+                Turn::Lead => self.lead(&run),
+                Turn::Queued => {}
             }
-            if queue.leader {
-                self.settled.wait(&mut queue);
-                continue;
-            }
-            queue.leader = true;
+        }
+    }
+
+    fn lead<F>(&self, run: &F)
+    where
+        F: Fn(Vec<Op>) -> Vec<Result<Done>>,
+    {
+        let (ops, slots): (Vec<Op>, Vec<Arc<Slot>>) = {
+            let mut queue = self.queue.lock();
             let n = batch_len(&queue.jobs, self.max_batch);
-            let (ops, slots): (Vec<Op>, Vec<Slot>) = queue.jobs.drain(..n).unzip();
-            drop(queue);
-            let handoff = Handoff {
-                committer: self,
-                slots,
-            };
-            for (slot, result) in handoff.slots.iter().zip(run(ops)) {
-                *slot.lock() = Some(result);
-            }
-            drop(handoff);
-            queue = self.queue.lock();
+            queue.jobs.drain(..n).unzip()
+        };
+        let mut handoff = Handoff {
+            committer: self,
+            slots,
+        };
+        let results = run(ops);
+        for (slot, result) in handoff.slots.drain(..).zip(results) {
+            slot.set(Turn::Done(result));
         }
     }
 }
@@ -74,7 +119,7 @@ impl Committer {
 /// How many queued operations the next batch takes: up to `max`, in arrival order, but a
 /// sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
 /// transaction, never for a sweep sharing its own batch.
-fn batch_len(jobs: &VecDeque<(Op, Slot)>, max: usize) -> usize {
+fn batch_len(jobs: &VecDeque<(Op, Arc<Slot>)>, max: usize) -> usize {
     match jobs.front() {
         Some((op, _)) if op.runs_alone() => 1,
         _ => jobs
@@ -85,26 +130,26 @@ fn batch_len(jobs: &VecDeque<(Op, Slot)>, max: usize) -> usize {
     }
 }
 
-/// Ends a leadership: every caller of the batch gets a result, even if the batch panicked,
-/// and the waiting callers are woken so one of them can lead the next batch.
+/// Ends a leadership: every caller of the batch gets a result, even if the batch panicked, and
+/// the caller at the head of the queue is appointed to lead the next batch.
 struct Handoff<'a> {
     committer: &'a Committer,
-    slots: Vec<Slot>,
+    slots: Vec<Arc<Slot>>,
 }
 
 impl Drop for Handoff<'_> {
     fn drop(&mut self) {
-        for slot in &self.slots {
-            let mut slot = slot.lock();
-            if slot.is_none() {
-                *slot = Some(Err(Error::storage(
-                    "committing a batch",
-                    std::io::Error::other("the batch was abandoned by a panic"),
-                )));
-            }
+        for slot in self.slots.drain(..) {
+            slot.set(Turn::Done(Err(Error::storage(
+                "committing a batch",
+                std::io::Error::other("the batch was abandoned by a panic"),
+            ))));
         }
-        self.committer.queue.lock().leader = false;
-        self.committer.settled.notify_all();
+        let mut queue = self.committer.queue.lock();
+        match queue.jobs.front() {
+            Some((_, next)) => next.set(Turn::Lead),
+            None => queue.leader = false,
+        }
     }
 }
 
@@ -114,7 +159,7 @@ mod tests {
     use crate::fingerprint::Fingerprint;
     use crate::key::Key;
 
-    fn queue(ops: &str) -> VecDeque<(Op, Slot)> {
+    fn queue(ops: &str) -> VecDeque<(Op, Arc<Slot>)> {
         ops.chars()
             .map(|c| {
                 let op = match c {
@@ -124,7 +169,7 @@ mod tests {
                         fingerprint: Fingerprint::of(["r"]),
                     },
                 };
-                (op, Slot::default())
+                (op, Arc::new(Slot::default()))
             })
             .collect()
     }

@@ -90,7 +90,11 @@ pub(crate) enum Done {
     Claim(Claim),
     Settled,
     Heartbeat(Timestamp),
-    Swept(usize),
+    /// Records deleted, and whether the index held more expired entries than the limit.
+    Swept {
+        deleted: usize,
+        more: bool,
+    },
     ForceReleased(ForceRelease),
 }
 
@@ -281,7 +285,7 @@ impl Tables<'_> {
                 self.put(&key, Some(record.expires_at), &record)?;
                 Ok(Done::Settled)
             }
-            Op::Sweep { limit } => self.sweep(ctx.now, limit).map(Done::Swept),
+            Op::Sweep { limit } => self.sweep(ctx.now, limit),
             Op::ForceRelease { key } => self.force_release(ctx.now, &key).map(Done::ForceReleased),
         }
     }
@@ -385,15 +389,18 @@ impl Tables<'_> {
         })
     }
 
-    /// Deletes up to `limit` records whose expiry is at or before `now`, oldest first.
-    fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<usize, Fail> {
+    /// Takes up to `limit` expired entries from the expiry index, oldest first, and deletes
+    /// their records. `more` says whether the limit cut the work short: a stale index entry
+    /// uses up a place without deleting a record, so the deleted count cannot tell.
+    fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<Done, Fail> {
         let end = now.as_millis().saturating_add(1);
-        let mut swept = 0;
+        let (mut deleted, mut taken) = (0, 0);
         let expired = self
             .expiry
             .extract_from_if(..(end, &[][..]), |_, ()| true)?
             .take(limit);
         for entry in expired {
+            taken += 1;
             let (index_key, _) = entry?;
             let (expires_at, key) = index_key.value();
             // The index entry is the record's only if the times agree; the record itself is
@@ -407,10 +414,13 @@ impl Tables<'_> {
             if matches {
                 let old = self.records.remove(key)?.map(|v| v.value().len());
                 self.usage.removed(key.len(), old);
-                swept += 1;
+                deleted += 1;
             }
         }
-        Ok(swept)
+        Ok(Done::Swept {
+            deleted,
+            more: taken == limit,
+        })
     }
 
     /// Makes room for one more record, or fails closed with `QuotaExceeded`. Expired records

@@ -24,11 +24,16 @@ impl Store {
     /// # Errors
     /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
     pub fn sweep(&self, limit: usize) -> Result<usize> {
+        self.sweep_batch(limit).map(|(deleted, _)| deleted)
+    }
+
+    /// One sweep transaction: records deleted, and whether expired entries may remain.
+    fn sweep_batch(&self, limit: usize) -> Result<(usize, bool)> {
         if limit == 0 {
-            return Ok(0);
+            return Ok((0, false));
         }
         match self.write(Op::Sweep { limit })? {
-            Done::Swept(n) => Ok(n),
+            Done::Swept { deleted, more } => Ok((deleted, more)),
             _ => Err(misrouted()),
         }
     }
@@ -41,9 +46,9 @@ impl Store {
     pub fn sweep_all(&self) -> Result<u64> {
         let mut total = 0;
         loop {
-            let n = self.sweep(SWEEP_BATCH)?;
-            total += n as u64;
-            if n < SWEEP_BATCH {
+            let (deleted, more) = self.sweep_batch(SWEEP_BATCH)?;
+            total += deleted as u64;
+            if !more {
                 return Ok(total);
             }
         }
@@ -95,9 +100,9 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
             if *signal.stopped.lock() {
                 return Ok(total);
             }
-            let n = store.sweep(batch)?;
-            total += n as u64;
-            if n < batch {
+            let (deleted, more) = store.sweep_batch(batch)?;
+            total += deleted as u64;
+            if !more {
                 break;
             }
         }

@@ -288,3 +288,56 @@ fn a_file_open_in_another_process_is_refused() -> Result<()> {
     Store::open(&path)?;
     Ok(())
 }
+
+/// Regression: `sweep_all` used to stop at the first batch that deleted fewer records than
+/// its size, but a stale index entry (one whose record is gone, as after damage) takes a place
+/// in the batch without deleting anything, so expired records were left behind.
+#[test]
+fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("stale.redb");
+    let clock =
+        idempotency_store::ManualClock::new(idempotency_store::Timestamp::from_millis(10_000));
+    let open = || {
+        Store::builder()
+            .retention(std::time::Duration::from_secs(1))
+            .clock(clock.clone())
+            .open(&path)
+    };
+    {
+        let store = open()?;
+        for i in 0..50 {
+            let Claim::Acquired(lease) = store.claim(&Key::new(&format!("key-{i}"))?, fp(i))?
+            else {
+                panic!()
+            };
+            store.complete(&lease, response(i))?;
+        }
+    }
+    {
+        // 300 index entries older than every record, pointing at nothing.
+        let db = redb::Database::create(&path).expect("redb");
+        let txn = db.begin_write().expect("txn");
+        {
+            let expiry: redb::TableDefinition<(u64, &[u8]), ()> =
+                redb::TableDefinition::new("idempotency_expiry");
+            let mut table = txn.open_table(expiry).expect("expiry");
+            for i in 0..300u64 {
+                let ghost = format!("\0ghost-{i}");
+                table.insert((1 + i, ghost.as_bytes()), ()).expect("insert");
+            }
+        }
+        txn.commit().expect("commit");
+    }
+    clock.advance(std::time::Duration::from_secs(10));
+    let store = open()?;
+    assert_eq!(
+        store.sweep_all()?,
+        50,
+        "expired records left behind the stale entries"
+    );
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!((report.records, report.expiry_entries), (0, 0));
+    Ok(())
+}
