@@ -1,5 +1,7 @@
 //! Load test: durable claim+complete pairs, replays and a mixed load, for this store against
 //! SQLite (WAL, `synchronous=FULL`) and the raw `fdatasync` rate of the disk, in one process.
+//! Built with `--features postgres` and run with `IDEMPOTENCY_PG_URL` set, it also measures
+//! `PgStore` (one pooled connection per thread, a fresh schema per cell) as system `postgres`.
 //!
 //! ```text
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
@@ -9,8 +11,8 @@
 //! cargo run --release --example loadtest -- --space [--records N] [--dir PATH]
 //! ```
 //!
-//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `store-quickrepair`,
-//! `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
+//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `postgres`,
+//! `store-quickrepair`, `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
 //! (or no system is) and its workload is named (or no workload is).
 //! Every run prints a table, then one line starting `JSON: ` with every figure.
 //!
@@ -30,7 +32,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idempotency_store::{
-    Claim, Durability, Fingerprint, Key, ManualClock, Response, Store, Timestamp,
+    Claim, Durability, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 
@@ -474,7 +476,7 @@ fn fresh_for(thread: usize, cell: u64) -> Fresh {
 // --- this store
 
 struct StoreSys {
-    store: Store,
+    store: Box<dyn IdempotencyStore>,
     set: Arc<ReplaySet>,
     cell: u64,
     body: Vec<u8>,
@@ -535,7 +537,7 @@ fn open_store(dir: &Path, nogc: bool, durability: Durability) -> Res<Store> {
 /// Completes `n` records (claim + complete, 200-byte body) from `threads` threads so that group
 /// commit makes the batches big. `name(i)` names record `i`.
 fn prefill_store(
-    store: &Store,
+    store: &dyn IdempotencyStore,
     n: u64,
     threads: usize,
     name: &(dyn Fn(u64) -> String + Sync),
@@ -956,7 +958,39 @@ fn fdatasync_rate(dir: &Path, secs: f64, pages: u64) -> Res<(f64, Option<Lat>)> 
 // ---------------------------------------------------------------------------------------------
 // The main run
 
-const SYSTEMS: [&str; 3] = ["store", "store-nogc", "sqlite-full"];
+/// The systems every run measures, plus `postgres` when it can.
+fn systems() -> Vec<&'static str> {
+    let mut systems = vec!["store", "store-nogc", "sqlite-full"];
+    if pg_url().is_some() {
+        systems.push("postgres");
+    }
+    systems
+}
+
+/// The PostgreSQL URL, if this build has the backend and the environment names a server.
+fn pg_url() -> Option<String> {
+    if cfg!(feature = "postgres") {
+        std::env::var("IDEMPOTENCY_PG_URL").ok()
+    } else {
+        None
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn open_pg(cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+    let url = pg_url().ok_or("IDEMPOTENCY_PG_URL is not set")?;
+    let store = idempotency_store::PgStore::builder()
+        .pool_size(70)
+        .schema(format!("loadtest_{}_{cell}", std::process::id()))
+        .connect(&url)
+        .map_err(|e| err("connecting to PostgreSQL", e))?;
+    Ok(Box::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_pg(_cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+    Err("this build has no PostgreSQL backend: use --features postgres".into())
+}
 
 struct Runner<'a> {
     args: &'a Args,
@@ -986,6 +1020,25 @@ impl Runner<'_> {
         let dir = fresh_dir(&self.base, system)?;
         let cell = CELL.fetch_add(1, Ordering::Relaxed);
         match system {
+            "postgres" => {
+                let sys = StoreSys {
+                    store: open_pg(cell)?,
+                    set: Arc::clone(&self.set),
+                    cell,
+                    body: body(),
+                };
+                if prefill {
+                    let set = Arc::clone(&self.set);
+                    prefill_store(
+                        sys.store.as_ref(),
+                        set.names.len() as u64,
+                        32,
+                        &|i| set.names[i as usize].clone(),
+                        &Out { quiet: true },
+                    )?;
+                }
+                f(&sys)
+            }
             "sqlite-full" => {
                 let sys = SqliteSys::create(dir.path(), Arc::clone(&self.set), cell)?;
                 if prefill {
@@ -1015,7 +1068,7 @@ impl Runner<'_> {
                     drop(store);
                 }
                 let sys = StoreSys {
-                    store: open_store(dir.path(), nogc, durability)?,
+                    store: Box::new(open_store(dir.path(), nogc, durability)?),
                     set: Arc::clone(&self.set),
                     cell,
                     body: body(),
@@ -1029,7 +1082,7 @@ impl Runner<'_> {
         let secs = self.args.seconds;
         let threads = self.args.threads.clone();
         for &t in &threads {
-            for system in SYSTEMS {
+            for system in systems() {
                 if !self.wants(system, "pairs") {
                     continue;
                 }
@@ -1051,7 +1104,7 @@ impl Runner<'_> {
                 }
             }
         }
-        for system in SYSTEMS {
+        for system in systems() {
             let want_replay = self.wants(system, "replay");
             let want_mixed = self.wants(system, "mixed");
             if !want_replay && !want_mixed {
@@ -1181,7 +1234,8 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     let wants_fsync = args.only.is_empty() || args.only.iter().any(|o| o == "fdatasync");
     if let Some(bad) = args.only.iter().find(|o| {
         !(WORKLOADS.contains(&o.as_str())
-            || SYSTEMS.contains(&o.as_str())
+            || systems().contains(&o.as_str())
+            || *o == "postgres"
             || *o == "store-quickrepair"
             || *o == "fdatasync")
     }) {
@@ -1243,7 +1297,7 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     out.line("");
     out.line("pairs/s (fresh key: claim + complete, 200 B body, each durable)");
     out.line(header("system", 11));
-    for system in SYSTEMS.iter().chain(&["store-quickrepair"]) {
+    for system in systems().iter().chain(&["store-quickrepair"]) {
         if !runner.pairs.iter().any(|p| p.0 == *system) {
             continue;
         }
@@ -1273,7 +1327,7 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     out.line("");
     out.line("pair latency p50 / p99 (µs)");
     out.line(header("system", 16));
-    for system in SYSTEMS.iter().chain(&["store-quickrepair"]) {
+    for system in systems().iter().chain(&["store-quickrepair"]) {
         if !runner.pairs.iter().any(|p| p.0 == *system) {
             continue;
         }
@@ -1299,7 +1353,7 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
             args.replay_keys
         ));
         out.line(header("system", 11));
-        for system in SYSTEMS {
+        for system in systems() {
             if !runner.replay.iter().any(|p| p.0 == system) {
                 continue;
             }

@@ -59,6 +59,8 @@
 //!   `Idempotency-Key` header (sf-string or bare), request fingerprints, replays with
 //!   `Idempotent-Replayed: true`, and the IETF draft's 400/409/422 as `application/problem+json`.
 //! - `cli`: the operator binary `idempotency-store`.
+//! - `postgres`: `PgStore`, the same API ([`IdempotencyStore`]) on a PostgreSQL table shared by
+//!   many service instances (sync `postgres` client, `r2d2` connection pool).
 //!
 //! # Layout
 //!
@@ -74,6 +76,7 @@
 )]
 
 mod admin;
+mod backend;
 mod clock;
 mod commit;
 mod config;
@@ -85,12 +88,15 @@ mod key;
 mod maintenance;
 mod ops;
 mod outcome;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod store;
 mod sweep;
 mod wait;
 
 pub use crate::admin::{ForceRelease, Records, StoredRecord};
+pub use crate::backend::IdempotencyStore;
 pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::config::{Builder, Durability, WhenFull};
 pub use crate::error::{Error, Result};
@@ -98,6 +104,8 @@ pub use crate::fingerprint::Fingerprint;
 pub use crate::key::{Key, MAX_KEY_LEN};
 pub use crate::maintenance::{Stats, VerifyReport};
 pub use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
+#[cfg(feature = "postgres")]
+pub use crate::postgres::{PgStore, PgStoreBuilder};
 pub use crate::record::Response;
 pub use crate::store::Store;
 pub use crate::sweep::Sweeper;

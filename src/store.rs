@@ -273,30 +273,7 @@ impl Store {
     where
         F: FnOnce(&mut Lease) -> Result<Response, E>,
     {
-        let mut lease = match self.claim(key, fingerprint)? {
-            Claim::Acquired(lease) => lease,
-            Claim::Completed(replay) => return Ok(Outcome::Replayed(replay)),
-            Claim::InProgress {
-                lease_until,
-                attempt,
-            } => {
-                return Ok(Outcome::InProgress {
-                    lease_until,
-                    attempt,
-                });
-            }
-            Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
-        };
-        match operation(&mut lease) {
-            Ok(response) => {
-                self.complete(&lease, response.clone())?;
-                Ok(Outcome::Executed(response))
-            }
-            Err(err) => match self.release(&lease) {
-                Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
-                Err(other) => Err(other),
-            },
-        }
+        crate::backend::IdempotencyStore::execute(self, key, fingerprint, operation)
     }
 
     /// The key's record, or `None` if there is none or it has expired. Runs in a read

@@ -17,6 +17,9 @@
 //!
 //! Every check returns `Err(Failure)` instead of panicking, so that proptest can shrink; the
 //! fuzz entry point [`run_ops`] turns a failure into a panic, which libFuzzer reports.
+//!
+//! The step machinery works on any [`IdempotencyStore`] backend ([`run_steps`]), so the
+//! conformance suite (`tests/conformance.rs`) runs the same sequences against PostgreSQL.
 
 // Each including crate uses a different part of this module.
 #![allow(dead_code)]
@@ -26,8 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use idempotency_store::{
-    Builder, Claim, Error, Fingerprint, Key, Lease, ManualClock, RecordState, RecordView, Replay,
-    Response, Store, Timestamp,
+    Builder, Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordState,
+    RecordView, Replay, Response, Store, Timestamp,
 };
 
 pub const T0: u64 = 1_700_000_000_000;
@@ -466,7 +469,13 @@ fn pick(leases: &mut [Held], index: usize) -> Option<(usize, &mut Held)> {
 impl Caller {
     /// Runs one key step on `store` and on the model and compares the answers. `keys` maps the
     /// step's local key index to the pool index.
-    pub fn apply(&mut self, store: &Store, now: u64, keys: &[usize], step: &Step) -> Outcome {
+    pub fn apply<S: IdempotencyStore + ?Sized>(
+        &mut self,
+        store: &S,
+        now: u64,
+        keys: &[usize],
+        step: &Step,
+    ) -> Outcome {
         match *step {
             Step::Claim { key: local, fp } => {
                 let k = keys[local % keys.len()];
@@ -541,7 +550,12 @@ impl Caller {
     }
 
     /// Every key this caller owns looks up as the model says.
-    pub fn check_keys(&self, store: &Store, now: u64, keys: &[usize]) -> Outcome {
+    pub fn check_keys<S: IdempotencyStore + ?Sized>(
+        &self,
+        store: &S,
+        now: u64,
+        keys: &[usize],
+    ) -> Outcome {
         for &k in keys {
             ensure_eq!(store.lookup(&key(k))?, self.model.view(k, now), "key {k}");
         }
@@ -549,9 +563,21 @@ impl Caller {
     }
 }
 
-/// The whole store agrees with the models: counts by state, physical records, and a clean
-/// `verify()`.
+/// The whole store agrees with the models: counts by state, physical records, a clean
+/// `verify()`, and the store's time.
 pub fn check_store(store: &Store, now: u64, models: &[&Model]) -> Outcome {
+    check_backend(store, now, models)?;
+    ensure_eq!(store.now(), ts(now), "store time");
+    Ok(())
+}
+
+/// [`check_store`] for any backend, without the time check (`now` is not part of the
+/// [`IdempotencyStore`] trait).
+pub fn check_backend<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    now: u64,
+    models: &[&Model],
+) -> Outcome {
     let mut want = Counts::default();
     for m in models {
         let c = m.counts(now);
@@ -581,7 +607,6 @@ pub fn check_store(store: &Store, now: u64, models: &[&Model]) -> Outcome {
         "verify found problems: {:?}",
         report.problems
     );
-    ensure_eq!(store.now(), ts(now), "store time");
     Ok(())
 }
 
@@ -602,7 +627,23 @@ pub fn builder(clock: &ManualClock, max_batch: usize) -> Builder {
 pub fn run_sequential(steps: &[Step], open: &dyn Fn(&Builder) -> Result<Store, Error>) -> Outcome {
     let clock = ManualClock::new(ts(T0));
     let settings = builder(&clock, 128);
-    let mut store = open(&settings)?;
+    run_steps(steps, &clock, &|| open(&settings), &|store, now| {
+        ensure_eq!(store.now(), ts(now), "store time");
+        Ok(())
+    })
+}
+
+/// [`run_sequential`] on any backend. `open` opens the store on the same storage each time (at
+/// the start and at each `Reopen`), with lease [`LEASE_MS`], retention [`RETENTION_MS`] and
+/// `clock` (standing at [`T0`]) as its time source; the storage must start empty. `check` runs
+/// after the model checks of every step.
+pub fn run_steps<S: IdempotencyStore>(
+    steps: &[Step],
+    clock: &ManualClock,
+    open: &dyn Fn() -> Result<S, Error>,
+    check: &dyn Fn(&S, u64) -> Outcome,
+) -> Outcome {
+    let mut store = open()?;
     let keys: Vec<usize> = (0..SEQ_KEYS).collect();
     let mut caller = Caller::default();
     let mut now = T0;
@@ -624,12 +665,13 @@ pub fn run_sequential(steps: &[Step], open: &dyn Fn(&Builder) -> Result<Store, E
             }
             Step::Reopen => {
                 drop(store);
-                store = open(&settings).map_err(Failure::from).map_err(at)?;
+                store = open().map_err(Failure::from).map_err(at)?;
             }
             _ => caller.apply(&store, now, &keys, step).map_err(at)?,
         }
         caller.check_keys(&store, now, &keys).map_err(at)?;
-        check_store(&store, now, &[&caller.model]).map_err(at)?;
+        check_backend(&store, now, &[&caller.model]).map_err(at)?;
+        check(&store, now).map_err(at)?;
     }
     Ok(())
 }

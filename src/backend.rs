@@ -1,0 +1,275 @@
+//! One API over every backend: the [`IdempotencyStore`] trait.
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::maintenance::{Stats, VerifyReport};
+use crate::outcome::{Claim, Lease, Outcome, RecordView};
+use crate::record::Response;
+
+/// How many expired records one [`sweep_all`](IdempotencyStore::sweep_all) round deletes by
+/// default.
+const SWEEP_BATCH: usize = 1024;
+
+/// The operations of an idempotency store, with the same types and the same outcomes on every
+/// backend: the embedded redb [`Store`](crate::Store) and, with the `postgres` feature,
+/// `PgStore`.
+///
+/// Code written against this trait switches backends by changing only how the store is
+/// opened:
+///
+/// ```
+/// use idempotency_store::{Fingerprint, IdempotencyStore, Key, Outcome, Response, Store};
+///
+/// fn charge(store: &impl IdempotencyStore, key: &Key) -> idempotency_store::Result<u16> {
+///     let fp = Fingerprint::of(["POST", "/payments", "4999"]);
+///     Ok(match store.execute(key, fp, |_| Ok::<_, ()>(Response::new(201, "charged")))? {
+///         Outcome::Executed(response) => response.status,
+///         Outcome::Replayed(replay) => replay.response.status,
+///         Outcome::InProgress { .. } => 409,
+///         Outcome::Mismatch { .. } => 422,
+///         Outcome::Failed(()) => 502,
+///     })
+/// }
+///
+/// let store = Store::builder().open_in_memory()?; // or PgStore::builder().connect(url)?
+/// let key = Key::new("pay-1")?;
+/// assert_eq!(charge(&store, &key)?, 201);
+/// assert_eq!(charge(&store, &key)?, 201); // replayed, not charged again
+/// # Ok::<(), idempotency_store::Error>(())
+/// ```
+///
+/// The trait is dyn-compatible, and implemented for `Box`, `Arc` and references of any
+/// implementation, so a `Box<dyn IdempotencyStore>` or `Arc<dyn IdempotencyStore>` chosen at
+/// run time offers every method, [`execute`](IdempotencyStore::execute) included.
+///
+/// The semantics of each operation are those documented on [`Store`](crate::Store)'s
+/// methods of the same name; the backends differ only in what they store in and in which
+/// errors the storage can produce.
+pub trait IdempotencyStore: Send + Sync {
+    /// Claims `key` for the request with `fingerprint`: the first-writer-wins step. See
+    /// [`Store::claim`](crate::Store::claim) for every branch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] if the key or scope is longer than the store's `max_key_len`;
+    /// [`Error::Storage`] (or [`Error::Corrupted`]) if the record cannot be read or written.
+    /// After a storage error on the write path the claim may have landed; its lease then
+    /// lapses normally.
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;
+
+    /// Stores the response for the lease's key and ends the lease; fenced by the lease's
+    /// token. See [`Store::complete`](crate::Store::complete).
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] (nothing written, the lease still holds);
+    /// [`Error::LeaseLost`] if the key was taken over, released or expired (nothing written);
+    /// [`Error::Storage`] if the write failed (outcome unknown: look the key up).
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()>;
+
+    /// Deletes the lease's record so that a retry runs afresh; fenced like
+    /// [`complete`](IdempotencyStore::complete).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease no longer holds the key; [`Error::Storage`].
+    fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Extends the lease to the configured duration from now and returns the new deadline
+    /// (also recorded in `lease`).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] if the lease no longer holds the key (stop the work);
+    /// [`Error::Storage`].
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp>;
+
+    /// Stores a recovery point that an attempt taking the key over receives through
+    /// [`Lease::checkpoint`].
+    ///
+    /// # Errors
+    /// [`Error::ResponseTooLarge`] if `data` exceeds `max_response_bytes`;
+    /// [`Error::LeaseLost`]; [`Error::Storage`].
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()>;
+
+    /// The key's record, or `None` if there is none or it has expired.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
+    /// record does not decode; [`Error::Storage`].
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>>;
+
+    /// Deletes up to `limit` expired records, oldest expiry first, and returns how many it
+    /// deleted.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the deletion fails (nothing is deleted then).
+    fn sweep(&self, limit: usize) -> Result<usize>;
+
+    /// Deletes every expired record in bounded rounds of [`sweep`](IdempotencyStore::sweep)
+    /// and returns the total deleted.
+    ///
+    /// # Errors
+    /// As for [`sweep`](IdempotencyStore::sweep); records deleted by earlier rounds stay
+    /// deleted.
+    fn sweep_all(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = self.sweep(SWEEP_BATCH)?;
+            total += n as u64;
+            if n < SWEEP_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Checks the stored records' invariants; problems are reported, not returned as errors.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the records cannot be read.
+    fn verify(&self) -> Result<VerifyReport>;
+
+    /// Counts records by state.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] or [`Error::Corrupted`] if the records cannot be read.
+    fn stats(&self) -> Result<Stats>;
+
+    /// Claims `key` and, if acquired, runs `operation`: on `Ok` its response is stored, on
+    /// `Err` the key is released so that a retry runs afresh. Every other claim outcome is
+    /// returned without running anything. See [`Store::execute`](crate::Store::execute).
+    ///
+    /// # Errors
+    /// Those of [`claim`](IdempotencyStore::claim) and
+    /// [`complete`](IdempotencyStore::complete). If `operation` fails and releasing the key
+    /// then fails with a storage error, that error is returned (the key then stays in progress
+    /// until its lease lapses).
+    fn execute<E, F>(&self, key: &Key, fingerprint: Fingerprint, operation: F) -> Result<Outcome<E>>
+    where
+        Self: Sized,
+        F: FnOnce(&mut Lease) -> Result<Response, E>,
+    {
+        run(self, key, fingerprint, operation)
+    }
+}
+
+/// The one implementation of `execute`.
+fn run<S, E, F>(store: &S, key: &Key, fingerprint: Fingerprint, operation: F) -> Result<Outcome<E>>
+where
+    S: IdempotencyStore,
+    F: FnOnce(&mut Lease) -> Result<Response, E>,
+{
+    let mut lease = match store.claim(key, fingerprint)? {
+        Claim::Acquired(lease) => lease,
+        Claim::Completed(replay) => return Ok(Outcome::Replayed(replay)),
+        Claim::InProgress {
+            lease_until,
+            attempt,
+        } => {
+            return Ok(Outcome::InProgress {
+                lease_until,
+                attempt,
+            });
+        }
+        Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
+    };
+    match operation(&mut lease) {
+        Ok(response) => {
+            store.complete(&lease, response.clone())?;
+            Ok(Outcome::Executed(response))
+        }
+        Err(err) => match store.release(&lease) {
+            Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
+            Err(other) => Err(other),
+        },
+    }
+}
+
+impl IdempotencyStore for crate::Store {
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        crate::Store::claim(self, key, fingerprint)
+    }
+
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        crate::Store::complete(self, lease, response)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        crate::Store::release(self, lease)
+    }
+
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        crate::Store::heartbeat(self, lease)
+    }
+
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+        crate::Store::checkpoint(self, lease, data)
+    }
+
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        crate::Store::lookup(self, key)
+    }
+
+    fn sweep(&self, limit: usize) -> Result<usize> {
+        crate::Store::sweep(self, limit)
+    }
+
+    fn sweep_all(&self) -> Result<u64> {
+        crate::Store::sweep_all(self)
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        crate::Store::verify(self)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        crate::Store::stats(self)
+    }
+}
+
+/// Forwards every method, `execute` included, to the store behind a pointer.
+macro_rules! forward {
+    ($($ptr:ty),*) => {$(
+        impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr {
+            fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+                (**self).claim(key, fingerprint)
+            }
+
+            fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+                (**self).complete(lease, response)
+            }
+
+            fn release(&self, lease: &Lease) -> Result<()> {
+                (**self).release(lease)
+            }
+
+            fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+                (**self).heartbeat(lease)
+            }
+
+            fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+                (**self).checkpoint(lease, data)
+            }
+
+            fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+                (**self).lookup(key)
+            }
+
+            fn sweep(&self, limit: usize) -> Result<usize> {
+                (**self).sweep(limit)
+            }
+
+            fn sweep_all(&self) -> Result<u64> {
+                (**self).sweep_all()
+            }
+
+            fn verify(&self) -> Result<VerifyReport> {
+                (**self).verify()
+            }
+
+            fn stats(&self) -> Result<Stats> {
+                (**self).stats()
+            }
+        }
+    )*};
+}
+
+forward!(&T, Box<T>, std::sync::Arc<T>);

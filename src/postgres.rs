@@ -1,0 +1,1200 @@
+//! The PostgreSQL backend: [`PgStore`], the same API and semantics as [`Store`](crate::Store)
+//! on one table shared by every service instance.
+//!
+//! The schema, the statements and the time source are documented on [`PgStore`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ::postgres::types::{FromSql, ToSql};
+use ::postgres::{Client, Config, IsolationLevel, NoTls, Row, Statement};
+use r2d2_postgres::PostgresConnectionManager;
+
+use crate::backend::IdempotencyStore;
+use crate::clock::{Clock, Timestamp, millis};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, MAX_KEY_LEN};
+use crate::maintenance::{Stats, VerifyReport};
+use crate::ops::{Decision, decide};
+use crate::outcome::{Claim, Lease, RecordView};
+use crate::record::{Record, Response, State};
+use crate::store::view;
+
+/// The schema version this build migrates to.
+const SCHEMA_VERSION: i32 = 1;
+
+/// How often one claim starts over after losing a race before it reports an error.
+const CLAIM_ROUNDS: usize = 64;
+
+/// Rows fetched per round trip by `verify`.
+const VERIFY_BATCH: i32 = 1000;
+
+/// Durations are capped here (about 36 million years) and times at twice that, so that sums in
+/// SQL never overflow a `bigint`.
+const MAX_DURATION_MS: u64 = 1 << 60;
+const MAX_TIME_MS: u64 = 1 << 61;
+
+/// The current time inside a statement: the injected clock's (`$1`) or the server's.
+const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+                   floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
+
+/// The columns a record is read from, after `c.now`.
+const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r.state, r.token, \
+     r.attempt, r.lease_until, r.checkpoint, r.response_status, r.response_headers, \
+     r.response_body, r.created_at, r.completed_at, r.expires_at";
+
+/// The fence of `complete`, `release`, `heartbeat` and `checkpoint` (`$4` is the token).
+const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::bigint \
+                     AND r.state = 'in_progress' AND r.expires_at > c.now";
+
+/// A store on a PostgreSQL table, shared by any number of processes and machines.
+///
+/// Same operations, types and outcomes as the redb [`Store`](crate::Store), through the
+/// [`IdempotencyStore`] trait (import it to call them). Connections come from a pool; `PgStore`
+/// is `Send + Sync`, so share one per process (for example in an `Arc`).
+///
+/// ```no_run
+/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+///
+/// let store = PgStore::builder()
+///     .pool_size(16)
+///     .connect("host=127.0.0.1 user=idem password=idem dbname=idem")?;
+/// let key = Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324")?;
+/// let fp = Fingerprint::of(["POST", "/payments", r#"{"amount":4999}"#]);
+/// if let Claim::Acquired(lease) = store.claim(&key, fp)? {
+///     store.complete(&lease, Response::new(201, r#"{"id":"pay_1"}"#))?;
+/// }
+/// # Ok::<(), idempotency_store::Error>(())
+/// ```
+///
+/// Differences from the redb store: every call is a network round trip (see below);
+/// `Stats::file_bytes` is the table's total size on the server (indexes and TOAST included);
+/// `VerifyReport::expiry_entries` equals the record count, as PostgreSQL maintains the
+/// `expires_at` index itself; there are no quotas (`max_records`, `max_bytes`) and no group
+/// commit (PostgreSQL groups WAL flushes of concurrent commits itself). Connections are plain
+/// TCP without TLS (`NoTls`): use a local socket or a trusted network. A pooled connection that
+/// the server dropped fails one call with [`Error::Storage`] and is then replaced.
+///
+/// # Schema
+///
+/// Everything lives in one PostgreSQL schema (`public` unless [`PgStoreBuilder::schema`] says
+/// otherwise), created and migrated when a store connects:
+///
+/// ```sql
+/// CREATE SEQUENCE idempotency_token_seq;            -- fencing tokens
+/// CREATE TABLE idempotency_keys (
+///     scope               text     NOT NULL,      -- '' for an unscoped key
+///     key                 text     NOT NULL,
+///     fingerprint         bytea    NOT NULL,      -- the 32-byte digest
+///     fingerprint_version smallint NOT NULL,
+///     state               text     NOT NULL,      -- 'in_progress' | 'completed'
+///     token               bigint   NOT NULL,      -- the last lease's token
+///     attempt             bigint   NOT NULL,
+///     lease_until         bigint,                 -- in progress only
+///     checkpoint          bytea,                  -- in progress only
+///     response_status     integer,                -- completed only
+///     response_headers    bytea,                  -- completed only (postcard, see below)
+///     response_body       bytea,                  -- completed only
+///     created_at          bigint   NOT NULL,
+///     completed_at        bigint,                 -- completed only
+///     expires_at          bigint   NOT NULL,
+///     PRIMARY KEY (scope, key)
+/// );
+/// CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+/// CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, ...);
+/// ```
+///
+/// Times are `bigint` milliseconds since the Unix epoch, exactly the crate's [`Timestamp`]s, so
+/// nothing is rounded between the two backends. Response headers are the postcard encoding of
+/// the `Vec<(String, Vec<u8>)>` (a varint count, then per header a varint-prefixed name and a
+/// varint-prefixed value). The migrations table is prefixed so that it never collides with an
+/// application's own `schema_migrations`.
+///
+/// # Statements
+///
+/// Every operation is one autocommit statement at READ COMMITTED (`verify` is one read-only
+/// snapshot); nothing takes a table lock. A claim is `INSERT … ON CONFLICT DO NOTHING
+/// RETURNING` (a new key: done); otherwise a `SELECT` decides the answer exactly as the redb
+/// store does (replay, mismatch, in progress); an expired record or a lapsed lease is taken with
+/// a conditional `UPDATE … WHERE (expired OR (in progress AND lease lapsed AND same
+/// fingerprint)) RETURNING`, which PostgreSQL re-checks on the latest row version, so of
+/// concurrent claimers exactly one gets the row. A claimer that loses a race (the row was
+/// released or swept between two statements, or another claimer took it over) starts again.
+/// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
+/// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is one bounded
+/// `DELETE … WHERE ctid IN (SELECT ctid … WHERE expires_at <= now ORDER BY expires_at, key
+/// LIMIT $n FOR UPDATE SKIP LOCKED)`, in the redb store's order (expiry, then stored key);
+/// concurrent sweepers skip each other's rows instead of waiting.
+///
+/// Round trips: a new key's claim is one statement, a replay or any other answer two, a
+/// takeover three; every settling call is one.
+///
+/// # Time
+///
+/// By default time comes from the database server (`clock_timestamp()`, evaluated once per
+/// statement), so instances with skewed clocks agree on when a lease lapses. A [`Clock`]
+/// given to the builder replaces it (for tests with [`ManualClock`](crate::ManualClock)): its
+/// time, never going backwards within one `PgStore`, is then passed to every statement.
+pub struct PgStore {
+    pool: r2d2::Pool<Manager>,
+    sql: Arc<Sql>,
+    settings: PgStoreBuilder,
+    lease_ms: i64,
+    retention_ms: i64,
+    /// The highest time an injected clock has shown; unused with the database's clock.
+    high_water: AtomicU64,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for connecting a [`PgStore`]. Every setter states its default; the shared ones
+/// mean what they mean on [`Builder`](crate::Builder).
+#[derive(Clone)]
+pub struct PgStoreBuilder {
+    retention: Duration,
+    lease: Duration,
+    max_key_len: usize,
+    max_response_bytes: usize,
+    pool_size: u32,
+    connection_timeout: Duration,
+    schema: String,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(60),
+            max_key_len: MAX_KEY_LEN,
+            max_response_bytes: 1 << 20,
+            pool_size: 10,
+            connection_timeout: Duration::from_secs(30),
+            schema: "public".to_owned(),
+            clock: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PgStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStoreBuilder")
+            .field("retention", &self.retention)
+            .field("lease", &self.lease)
+            .field("max_key_len", &self.max_key_len)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("schema", &self.schema)
+            .field("injected_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+impl PgStoreBuilder {
+    /// A builder with every setting at its default.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a completed record replays, counted from its completion. Defaults to 24 hours.
+    pub fn retention(&mut self, retention: Duration) -> &mut Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long a claim holds the key before another caller may take it over. Defaults to 60
+    /// seconds.
+    pub fn lease(&mut self, lease: Duration) -> &mut Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The longest key (and scope) accepted, in bytes, at most 255. Defaults to 255.
+    pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// The largest response (body plus header names and values) or checkpoint accepted, in
+    /// bytes. Defaults to 1 MiB.
+    pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// The most connections the store keeps open. Calls beyond it wait for a free connection
+    /// (up to [`connection_timeout`](PgStoreBuilder::connection_timeout)). Mind the server's
+    /// `max_connections` (100 by default) across all instances. Defaults to 10.
+    pub fn pool_size(&mut self, connections: u32) -> &mut Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// How long connecting, or waiting for a free pooled connection, may take before the call
+    /// fails with [`Error::Storage`]. Defaults to 30 seconds.
+    pub fn connection_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// The PostgreSQL schema holding the store's table, sequence and migrations table: a
+    /// lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes). Created if missing.
+    /// Defaults to `public`.
+    pub fn schema(&mut self, schema: impl Into<String>) -> &mut Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// A time source replacing the database server's clock, for tests (for example a
+    /// [`ManualClock`](crate::ManualClock)). In production leave it unset: with the server's
+    /// clock, instances with skewed clocks still agree on when leases lapse.
+    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
+    /// string, without TLS), creates or migrates the schema (idempotently, under an advisory
+    /// lock, so that instances starting together do not race) and opens the connection pool.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an out-of-range setting or an unparsable `url`;
+    /// [`Error::Storage`] if the server cannot be reached or the migration fails;
+    /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
+    /// not create, or was migrated by a newer version of this crate.
+    pub fn connect(&self, url: &str) -> Result<PgStore> {
+        self.validate()?;
+        let mut config: Config = url.parse().map_err(|e| Error::InvalidConfig {
+            reason: format!("the PostgreSQL connection string does not parse: {e}"),
+        })?;
+        config.connect_timeout(self.connection_timeout);
+        let manager = Manager {
+            inner: PostgresConnectionManager::new(config, NoTls),
+        };
+        let sql = Arc::new(Sql::new(&self.schema));
+        {
+            // A connection of its own, so that a wrong address or password fails at once with
+            // the server's answer rather than after the pool's timeout.
+            let mut client = r2d2::ManageConnection::connect(&manager.inner)
+                .map_err(|e| pg("connecting to PostgreSQL", e))?;
+            migrate(&mut client, &self.schema)?;
+        }
+        let pool = r2d2::Pool::builder()
+            .max_size(self.pool_size)
+            .min_idle(Some(0))
+            .connection_timeout(self.connection_timeout)
+            .test_on_check_out(false)
+            .build(manager)
+            .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
+        Ok(PgStore {
+            pool,
+            sql,
+            lease_ms: capped(millis(self.lease), MAX_DURATION_MS),
+            retention_ms: capped(millis(self.retention), MAX_DURATION_MS),
+            settings: self.clone(),
+            high_water: AtomicU64::new(0),
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |reason: &str| {
+            Err(Error::InvalidConfig {
+                reason: reason.to_owned(),
+            })
+        };
+        if self.retention.is_zero() {
+            return bad("retention must be longer than zero");
+        }
+        if self.lease.is_zero() {
+            return bad("lease must be longer than zero");
+        }
+        if !(1..=MAX_KEY_LEN).contains(&self.max_key_len) {
+            return bad("max_key_len must be between 1 and 255");
+        }
+        if self.pool_size == 0 {
+            return bad("pool_size must be at least 1");
+        }
+        if self.connection_timeout.is_zero() {
+            return bad("connection_timeout must be longer than zero");
+        }
+        let schema = self.schema.as_bytes();
+        let valid = (1..=63).contains(&schema.len())
+            && schema
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
+            && !schema[0].is_ascii_digit();
+        if !valid {
+            return bad(
+                "schema must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, 1 to 63 bytes)",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl PgStore {
+    /// A builder for a store with custom settings.
+    #[must_use]
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::new()
+    }
+
+    /// Connects with default settings; see [`PgStoreBuilder::connect`].
+    ///
+    /// # Errors
+    /// As for [`PgStoreBuilder::connect`].
+    pub fn connect(url: &str) -> Result<PgStore> {
+        PgStoreBuilder::new().connect(url)
+    }
+
+    /// The settings this store was connected with.
+    #[must_use]
+    pub fn settings(&self) -> &PgStoreBuilder {
+        &self.settings
+    }
+
+    /// The store's current time: the injected clock's (never going backwards), or else the
+    /// database server's.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the server cannot be asked.
+    pub fn now(&self) -> Result<Timestamp> {
+        if let Some(now) = self.injected_now() {
+            return Ok(Timestamp::from_millis(now));
+        }
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.now, &[])
+                .map_err(|e| pg("reading the server's clock", e))?;
+            Ok(Timestamp::from_millis(millis_col(&row, 0)?))
+        })
+    }
+
+    fn injected_now(&self) -> Option<u64> {
+        let clock = self.settings.clock.as_ref()?;
+        let wall = clock.now().as_millis().min(MAX_TIME_MS);
+        let before = self.high_water.fetch_max(wall, Ordering::SeqCst);
+        Some(before.max(wall))
+    }
+
+    /// `$1` of every statement: the injected clock's time, or NULL for the server's.
+    fn now_param(&self) -> Option<i64> {
+        self.injected_now().map(|t| capped(t, MAX_TIME_MS))
+    }
+
+    /// Runs `body` on a pooled connection. A storage error marks the connection broken, so
+    /// that the pool replaces it instead of handing a dead connection out again.
+    fn with_conn<T>(&self, body: impl FnOnce(&mut Client, &Statements) -> Result<T>) -> Result<T> {
+        let mut conn = self
+            .pool
+            .get()
+            .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
+        let result = conn
+            .parts(&self.sql)
+            .and_then(|(client, st)| body(client, st));
+        if matches!(result, Err(Error::Storage { .. })) {
+            conn.broken = true;
+        }
+        result
+    }
+
+    fn check_key(&self, key: &Key) -> Result<()> {
+        let max = self.settings.max_key_len;
+        let longest = key.key().len().max(key.scope().map_or(0, str::len));
+        if longest > max {
+            return Err(Error::invalid_key(format!(
+                "the key or scope is {longest} bytes long; this store accepts at most {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_size(&self, size: usize) -> Result<()> {
+        let limit = self.settings.max_response_bytes;
+        if size > limit {
+            return Err(Error::ResponseTooLarge { size, limit });
+        }
+        Ok(())
+    }
+
+    /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and
+    /// returns its rows; none means the lease is lost.
+    fn fenced(
+        &self,
+        pick: fn(&Statements) -> &Statement,
+        lease: &Lease,
+        extra: &[&(dyn ToSql + Sync)],
+        context: &'static str,
+    ) -> Result<Vec<Row>> {
+        let now = self.now_param();
+        let token = token_param(lease.token)?;
+        let (scope, name) = parts(&lease.key);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&now, &scope, &name, &token];
+        params.extend_from_slice(extra);
+        self.with_conn(|client, st| {
+            let rows = client
+                .query(pick(st), &params)
+                .map_err(|e| pg(context, e))?;
+            if rows.is_empty() {
+                return Err(Error::LeaseLost);
+            }
+            Ok(rows)
+        })
+    }
+}
+
+impl IdempotencyStore for PgStore {
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        self.check_key(key)?;
+        let (scope, name) = parts(key);
+        let digest: &[u8] = fingerprint.digest();
+        let version = i16::from(fingerprint.version());
+        self.with_conn(|client, st| {
+            for _ in 0..CLAIM_ROUNDS {
+                let now = self.now_param();
+                let claim_params: [&(dyn ToSql + Sync); 7] = [
+                    &now,
+                    &scope,
+                    &name,
+                    &digest,
+                    &version,
+                    &self.lease_ms,
+                    &self.retention_ms,
+                ];
+                // A new key: the insert wins or loses atomically on the primary key.
+                if let Some(row) = client
+                    .query_opt(&st.insert, &claim_params)
+                    .map_err(|e| pg("claiming a key", e))?
+                {
+                    return Ok(Claim::Acquired(Lease {
+                        key: key.clone(),
+                        token: token_col(&row, 0)?,
+                        attempt: 1,
+                        lease_until: Timestamp::from_millis(millis_col(&row, 1)?),
+                        checkpoint: None,
+                    }));
+                }
+                // The key exists: decide as the redb store does, on a fresh snapshot.
+                let row = client
+                    .query_one(&st.select, &[&now, &scope, &name])
+                    .map_err(|e| pg("reading a record", e))?;
+                let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
+                let Some(record) = record_from(&row, 1)? else {
+                    continue; // released or swept since the insert: start over
+                };
+                if let Decision::Answer(answer) = decide(Some(record), fingerprint, db_now) {
+                    return Ok(answer);
+                }
+                // Expired or lapsed: take it over if it still is, re-checked on the latest row.
+                if let Some(row) = client
+                    .query_opt(&st.takeover, &claim_params)
+                    .map_err(|e| pg("taking a key over", e))?
+                {
+                    return Ok(Claim::Acquired(Lease {
+                        key: key.clone(),
+                        token: token_col(&row, 0)?,
+                        attempt: attempt_col(&row, 1)?,
+                        lease_until: Timestamp::from_millis(millis_col(&row, 2)?),
+                        checkpoint: col(&row, 3)?,
+                    }));
+                }
+            }
+            Err(Error::storage(
+                "claiming a key",
+                std::io::Error::other(
+                    "the record kept changing under concurrent claims; try again",
+                ),
+            ))
+        })
+    }
+
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        self.check_size(response.size())?;
+        let headers = postcard::to_allocvec(&response.headers)
+            .map_err(|e| Error::storage("encoding response headers", e))?;
+        let status = i32::from(response.status);
+        self.fenced(
+            |st| &st.complete,
+            lease,
+            &[&status, &headers, &response.body, &self.retention_ms],
+            "completing a lease",
+        )
+        .map(drop)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        self.fenced(|st| &st.release, lease, &[], "releasing a lease")
+            .map(drop)
+    }
+
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        let rows = self.fenced(
+            |st| &st.heartbeat,
+            lease,
+            &[&self.lease_ms],
+            "extending a lease",
+        )?;
+        let until = match rows.first() {
+            Some(row) => Timestamp::from_millis(millis_col(row, 0)?),
+            None => return Err(Error::LeaseLost),
+        };
+        lease.lease_until = until;
+        Ok(until)
+    }
+
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+        self.check_size(data.len())?;
+        self.fenced(|st| &st.checkpoint, lease, &[&data], "storing a checkpoint")?;
+        lease.checkpoint = Some(data);
+        Ok(())
+    }
+
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.check_key(key)?;
+        let (scope, name) = parts(key);
+        let now = self.now_param();
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.select, &[&now, &scope, &name])
+                .map_err(|e| pg("reading a record", e))?;
+            let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
+            Ok(record_from(&row, 1)?
+                .filter(|r| !r.is_expired(db_now))
+                .map(view))
+        })
+    }
+
+    fn sweep(&self, limit: usize) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let now = self.now_param();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with_conn(|client, st| {
+            let deleted = client
+                .execute(&st.sweep, &[&now, &limit])
+                .map_err(|e| pg("sweeping expired records", e))?;
+            Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        self.with_conn(|client, st| {
+            let mut txn = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .map_err(|e| pg("verifying", e))?;
+            let portal = txn.bind(&st.verify, &[]).map_err(|e| pg("verifying", e))?;
+            let mut report = VerifyReport::default();
+            let mut max_token = 0u64;
+            loop {
+                let rows = txn
+                    .query_portal(&portal, VERIFY_BATCH)
+                    .map_err(|e| pg("verifying", e))?;
+                for row in &rows {
+                    report.records += 1;
+                    check_row(row, &mut report.problems, &mut max_token)?;
+                }
+                if rows.len() < usize::try_from(VERIFY_BATCH).unwrap_or(usize::MAX) {
+                    break;
+                }
+            }
+            // Read after the walk: sequences are not transactional, so this is at least as high as
+            // any token the snapshot holds.
+            let row = txn
+                .query_one(&st.sequence, &[])
+                .map_err(|e| pg("verifying", e))?;
+            let (last, called): (i64, bool) = (col(&row, 0)?, col(&row, 1)?);
+            let issued = if called { last } else { last - 1 };
+            if i128::from(max_token) > i128::from(issued) {
+                report.problems.push(format!(
+                    "a record holds token {max_token}, above the last token issued ({issued})"
+                ));
+            }
+            txn.commit().map_err(|e| pg("verifying", e))?;
+            report.expiry_entries = report.records;
+            Ok(report)
+        })
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let now = self.now_param();
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.stats, &[&now])
+                .map_err(|e| pg("counting records", e))?;
+            let count =
+                |i| -> Result<u64> { u64::try_from(col::<i64>(&row, i)?).map_err(bad_count) };
+            Ok(Stats {
+                in_progress: count(0)?,
+                stuck: count(1)?,
+                completed: count(2)?,
+                expired: count(3)?,
+                file_bytes: Some(count(4)?),
+            })
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statements and connections
+// ---------------------------------------------------------------------------------------------
+
+/// The SQL of every statement, for one schema.
+struct Sql {
+    insert: String,
+    select: String,
+    takeover: String,
+    complete: String,
+    release: String,
+    heartbeat: String,
+    checkpoint: String,
+    sweep: String,
+    stats: String,
+    verify: String,
+    sequence: String,
+    now: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        let t = format!("\"{schema}\".idempotency_keys");
+        let seq = format!("\"{schema}\".idempotency_token_seq");
+        let takeover_fresh = "r.expires_at <= c.now";
+        Sql {
+            insert: format!(
+                "{NOW} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
+                 token, attempt, lease_until, created_at, expires_at) \
+                 SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
+                 nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
+                 GREATEST(c.now + $7::bigint, c.now + $6::bigint) FROM c \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING r.token, r.lease_until"
+            ),
+            select: format!(
+                "{NOW} SELECT c.now, {RECORD_COLUMNS} FROM c \
+                 LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
+            ),
+            takeover: format!(
+                "{NOW} UPDATE {t} AS r SET \
+                 fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
+                 state = 'in_progress', token = nextval('{seq}'), \
+                 attempt = CASE WHEN {takeover_fresh} THEN 1 \
+                     ELSE LEAST(r.attempt + 1, 4294967295) END, \
+                 created_at = CASE WHEN {takeover_fresh} THEN c.now ELSE r.created_at END, \
+                 checkpoint = CASE WHEN {takeover_fresh} THEN NULL ELSE r.checkpoint END, \
+                 lease_until = c.now + $6::bigint, \
+                 expires_at = GREATEST(CASE WHEN {takeover_fresh} THEN c.now \
+                     ELSE r.created_at END + $7::bigint, c.now + $6::bigint), \
+                 response_status = NULL, response_headers = NULL, response_body = NULL, \
+                 completed_at = NULL \
+                 FROM c WHERE r.scope = $2::text AND r.key = $3::text \
+                 AND ({takeover_fresh} OR (r.state = 'in_progress' AND r.lease_until <= c.now \
+                     AND r.fingerprint = $4::bytea AND r.fingerprint_version = $5::smallint)) \
+                 RETURNING r.token, r.attempt, r.lease_until, r.checkpoint"
+            ),
+            complete: format!(
+                "{NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
+                 checkpoint = NULL, response_status = $5::integer, response_headers = $6::bytea, \
+                 response_body = $7::bytea, completed_at = c.now, \
+                 expires_at = c.now + $8::bigint \
+                 FROM c WHERE {FENCE} RETURNING r.token"
+            ),
+            release: format!("{NOW} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token"),
+            heartbeat: format!(
+                "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
+                 expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
+                 FROM c WHERE {FENCE} RETURNING r.lease_until"
+            ),
+            checkpoint: format!(
+                "{NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
+                 FROM c WHERE {FENCE} RETURNING r.token"
+            ),
+            sweep: format!(
+                "{NOW} DELETE FROM {t} AS r USING c WHERE r.ctid IN (\
+                     SELECT x.ctid FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
+                         x.key COLLATE \"C\" \
+                     LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED) \
+                 AND r.expires_at <= c.now"
+            ),
+            stats: format!(
+                "{NOW} SELECT \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress'), \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress' \
+                     AND r.lease_until <= c.now), \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'completed'), \
+                 count(*) FILTER (WHERE r.expires_at <= c.now), \
+                 pg_total_relation_size('{t}') \
+                 FROM c LEFT JOIN {t} AS r ON true"
+            ),
+            verify: format!(
+                "SELECT r.scope, r.key, octet_length(r.fingerprint), r.fingerprint_version, \
+                 r.state, r.token, r.attempt, r.lease_until, r.checkpoint IS NOT NULL, \
+                 r.response_status, r.response_headers, r.response_body IS NOT NULL, \
+                 r.created_at, r.completed_at, r.expires_at FROM {t} AS r"
+            ),
+            sequence: format!("SELECT last_value, is_called FROM {seq}"),
+            now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
+        }
+    }
+}
+
+/// The statements, prepared once per pooled connection.
+struct Statements {
+    insert: Statement,
+    select: Statement,
+    takeover: Statement,
+    complete: Statement,
+    release: Statement,
+    heartbeat: Statement,
+    checkpoint: Statement,
+    sweep: Statement,
+    stats: Statement,
+    verify: Statement,
+    sequence: Statement,
+    now: Statement,
+}
+
+impl Statements {
+    fn prepare(client: &mut Client, sql: &Sql) -> std::result::Result<Self, ::postgres::Error> {
+        Ok(Statements {
+            insert: client.prepare(&sql.insert)?,
+            select: client.prepare(&sql.select)?,
+            takeover: client.prepare(&sql.takeover)?,
+            complete: client.prepare(&sql.complete)?,
+            release: client.prepare(&sql.release)?,
+            heartbeat: client.prepare(&sql.heartbeat)?,
+            checkpoint: client.prepare(&sql.checkpoint)?,
+            sweep: client.prepare(&sql.sweep)?,
+            stats: client.prepare(&sql.stats)?,
+            verify: client.prepare(&sql.verify)?,
+            sequence: client.prepare(&sql.sequence)?,
+            now: client.prepare(&sql.now)?,
+        })
+    }
+}
+
+/// A pooled connection and its prepared statements (prepared on first use, after the
+/// migration).
+struct Conn {
+    client: Client,
+    st: Option<Statements>,
+    /// A call on it failed with a storage error: drop it rather than reuse it.
+    broken: bool,
+}
+
+impl Conn {
+    /// The client and the statements, preparing them first if needed.
+    fn parts(&mut self, sql: &Sql) -> Result<(&mut Client, &Statements)> {
+        let Conn { client, st, .. } = self;
+        let st = match st {
+            Some(st) => st,
+            None => st.insert(
+                Statements::prepare(client, sql)
+                    .map_err(|e| pg("preparing the store's statements", e))?,
+            ),
+        };
+        Ok((client, st))
+    }
+}
+
+/// `r2d2_postgres`'s manager, with a slot for the prepared statements.
+struct Manager {
+    inner: PostgresConnectionManager<NoTls>,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = ::postgres::Error;
+
+    fn connect(&self) -> std::result::Result<Conn, ::postgres::Error> {
+        Ok(Conn {
+            client: self.inner.connect()?,
+            st: None,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> std::result::Result<(), ::postgres::Error> {
+        self.inner.is_valid(&mut conn.client)
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken || self.inner.has_broken(&mut conn.client)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migrations
+// ---------------------------------------------------------------------------------------------
+
+/// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
+fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
+    let s = format!("\"{schema}\"");
+    [(
+        1,
+        "idempotency_keys table, token sequence, expires_at index",
+        format!(
+            "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
+             CREATE TABLE {s}.idempotency_keys ( \
+                 scope               text     NOT NULL, \
+                 key                 text     NOT NULL, \
+                 fingerprint         bytea    NOT NULL, \
+                 fingerprint_version smallint NOT NULL, \
+                 state               text     NOT NULL \
+                     CHECK (state IN ('in_progress', 'completed')), \
+                 token               bigint   NOT NULL, \
+                 attempt             bigint   NOT NULL, \
+                 lease_until         bigint, \
+                 checkpoint          bytea, \
+                 response_status     integer, \
+                 response_headers    bytea, \
+                 response_body       bytea, \
+                 created_at          bigint   NOT NULL, \
+                 completed_at        bigint, \
+                 expires_at          bigint   NOT NULL, \
+                 PRIMARY KEY (scope, key)); \
+             CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);"
+        ),
+    )]
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per
+/// schema, so that instances starting together apply each migration exactly once.
+fn migrate(client: &mut Client, schema: &str) -> Result<()> {
+    const CONTEXT: &str = "migrating the PostgreSQL schema";
+    let lock = {
+        let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&hash.as_bytes()[..8]);
+        i64::from_le_bytes(first)
+    };
+    let mut txn = client.transaction().map_err(|e| pg(CONTEXT, e))?;
+    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+        .map_err(|e| pg(CONTEXT, e))?;
+    // DDL only when something is missing, so that a role without CREATE rights can open an
+    // already migrated schema.
+    let exists = |txn: &mut ::postgres::Transaction<'_>, sql: &str| -> Result<bool> {
+        let row = txn.query_one(sql, &[&schema]).map_err(|e| pg(CONTEXT, e))?;
+        col(&row, 0)
+    };
+    if !exists(
+        &mut txn,
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+    )? {
+        txn.batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+            .map_err(|e| pg(CONTEXT, e))?;
+    }
+    if !exists(
+        &mut txn,
+        "SELECT to_regclass(quote_ident($1) || '.idempotency_schema_migrations') IS NOT NULL",
+    )? {
+        txn.batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".idempotency_schema_migrations ( \
+                 version integer PRIMARY KEY, \
+                 description text NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .map_err(|e| pg(CONTEXT, e))?;
+    }
+    let applied: Vec<i32> = txn
+        .query(
+            &format!("SELECT version FROM \"{schema}\".idempotency_schema_migrations"),
+            &[],
+        )
+        .map_err(|e| pg(CONTEXT, e))?
+        .iter()
+        .map(|row| col(row, 0))
+        .collect::<Result<_>>()?;
+    if let Some(newer) = applied.iter().copied().find(|&v| v > SCHEMA_VERSION) {
+        return Err(Error::NotAStore {
+            reason: format!(
+                "schema \"{schema}\" is at migration {newer}; this build knows up to \
+                 {SCHEMA_VERSION}"
+            ),
+        });
+    }
+    for (version, description, sql) in migrations(schema) {
+        if applied.contains(&version) {
+            continue;
+        }
+        txn.batch_execute(&sql).map_err(|e| {
+            if e.code() == Some(&::postgres::error::SqlState::DUPLICATE_TABLE) {
+                Error::NotAStore {
+                    reason: format!(
+                        "schema \"{schema}\" already holds a table or sequence this store would \
+                         create, but no record of its migrations: {e}"
+                    ),
+                }
+            } else {
+                pg(CONTEXT, e)
+            }
+        })?;
+        txn.execute(
+            &format!(
+                "INSERT INTO \"{schema}\".idempotency_schema_migrations (version, description) \
+                 VALUES ($1, $2)"
+            ),
+            &[&version, &description],
+        )
+        .map_err(|e| pg(CONTEXT, e))?;
+    }
+    txn.commit().map_err(|e| pg(CONTEXT, e))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------------------------
+
+fn pg(context: &'static str, err: ::postgres::Error) -> Error {
+    Error::storage(context, err)
+}
+
+fn parts(key: &Key) -> (&str, &str) {
+    (key.scope().unwrap_or(""), key.key())
+}
+
+fn capped(value: u64, max: u64) -> i64 {
+    i64::try_from(value.min(max)).unwrap_or(i64::MAX)
+}
+
+fn token_param(token: u64) -> Result<i64> {
+    // Tokens come from a bigint sequence; a larger one cannot hold any record.
+    i64::try_from(token).map_err(|_| Error::LeaseLost)
+}
+
+fn col<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> Result<T> {
+    row.try_get(idx)
+        .map_err(|e| pg("reading a PostgreSQL row", e))
+}
+
+fn millis_col(row: &Row, idx: usize) -> Result<u64> {
+    let v: i64 = col(row, idx)?;
+    u64::try_from(v).map_err(|_| Error::corrupted(format!("negative time {v} in a record")))
+}
+
+fn token_col(row: &Row, idx: usize) -> Result<u64> {
+    let v: i64 = col(row, idx)?;
+    u64::try_from(v).map_err(|_| Error::corrupted(format!("negative token {v} in a record")))
+}
+
+fn attempt_col(row: &Row, idx: usize) -> Result<u32> {
+    let v: i64 = col(row, idx)?;
+    u32::try_from(v).map_err(|_| Error::corrupted(format!("attempt {v} out of range")))
+}
+
+fn bad_count(_: std::num::TryFromIntError) -> Error {
+    Error::corrupted("a negative count from the server")
+}
+
+fn decode_headers(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let (headers, rest): (Vec<(String, Vec<u8>)>, _) = postcard::take_from_bytes(bytes)
+        .map_err(|e| Error::corrupted(format!("response headers do not decode: {e}")))?;
+    if !rest.is_empty() {
+        return Err(Error::corrupted(format!(
+            "response headers have {} trailing bytes",
+            rest.len()
+        )));
+    }
+    Ok(headers)
+}
+
+/// The record in `row` from column `at` on ([`RECORD_COLUMNS`]), or `None` if the join found
+/// no row.
+fn record_from(row: &Row, at: usize) -> Result<Option<Record>> {
+    let Some(state) = col::<Option<String>>(row, at + 2)? else {
+        return Ok(None);
+    };
+    let need = |what: &str| Error::corrupted(format!("a {state} record has no {what}"));
+    let digest: Vec<u8> = col(row, at)?;
+    let digest: [u8; 32] = digest
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::corrupted(format!("a fingerprint of {} bytes", digest.len())))?;
+    let version: i16 = col(row, at + 1)?;
+    let version = u8::try_from(version)
+        .map_err(|_| Error::corrupted(format!("fingerprint version {version}")))?;
+    let state = match state.as_str() {
+        "in_progress" => State::InProgress {
+            token: token_col(row, at + 3)?,
+            lease_until: col::<Option<i64>>(row, at + 5)?
+                .ok_or_else(|| need("lease deadline"))
+                .and_then(|v| {
+                    u64::try_from(v).map_err(|_| Error::corrupted("a negative lease deadline"))
+                })?,
+            checkpoint: col(row, at + 6)?,
+        },
+        "completed" => {
+            let status: i32 = col::<Option<i32>>(row, at + 7)?.ok_or_else(|| need("status"))?;
+            let headers: Vec<u8> =
+                col::<Option<Vec<u8>>>(row, at + 8)?.ok_or_else(|| need("headers"))?;
+            let body: Vec<u8> = col::<Option<Vec<u8>>>(row, at + 9)?.ok_or_else(|| need("body"))?;
+            let completed_at: i64 =
+                col::<Option<i64>>(row, at + 11)?.ok_or_else(|| need("completion time"))?;
+            State::Completed {
+                completed_at: u64::try_from(completed_at)
+                    .map_err(|_| Error::corrupted("a negative completion time"))?,
+                response: Response {
+                    status: u16::try_from(status)
+                        .map_err(|_| Error::corrupted(format!("response status {status}")))?,
+                    headers: decode_headers(&headers)?,
+                    body,
+                },
+            }
+        }
+        other => return Err(Error::corrupted(format!("unknown record state {other:?}"))),
+    };
+    Ok(Some(Record {
+        fingerprint: Fingerprint::from_raw(version, digest),
+        created_at: millis_col(row, at + 10)?,
+        expires_at: millis_col(row, at + 12)?,
+        attempt: attempt_col(row, at + 4)?,
+        state,
+    }))
+}
+
+/// Checks one row of the `verify` walk, appending a line per problem.
+fn check_row(row: &Row, problems: &mut Vec<String>, max_token: &mut u64) -> Result<()> {
+    let scope: String = col(row, 0)?;
+    let key: String = col(row, 1)?;
+    let name = if scope.is_empty() {
+        key.clone()
+    } else {
+        format!("{scope}/{key}")
+    };
+    let mut problem = |what: String| problems.push(format!("record {name:?}: {what}"));
+    let parsed = if scope.is_empty() {
+        Key::new(&key)
+    } else {
+        Key::scoped(&scope, &key)
+    };
+    if let Err(e) = parsed {
+        problem(e.to_string());
+    }
+    let fp_len: i32 = col(row, 2)?;
+    if fp_len != 32 {
+        problem(format!("fingerprint of {fp_len} bytes, not 32"));
+    }
+    let fp_version: i16 = col(row, 3)?;
+    if u8::try_from(fp_version).is_err() {
+        problem(format!("fingerprint version {fp_version} out of range"));
+    }
+    let state: String = col(row, 4)?;
+    let token: i64 = col(row, 5)?;
+    let attempt: i64 = col(row, 6)?;
+    let lease_until: Option<i64> = col(row, 7)?;
+    let has_checkpoint: bool = col(row, 8)?;
+    let status: Option<i32> = col(row, 9)?;
+    let headers: Option<Vec<u8>> = col(row, 10)?;
+    let has_body: bool = col(row, 11)?;
+    let created_at: i64 = col(row, 12)?;
+    let completed_at: Option<i64> = col(row, 13)?;
+    let expires_at: i64 = col(row, 14)?;
+    match u64::try_from(token) {
+        Ok(t) if t > 0 => *max_token = (*max_token).max(t),
+        _ => problem(format!("token {token} is not positive")),
+    }
+    if u32::try_from(attempt).map_or(true, |a| a == 0) {
+        problem(format!("attempt {attempt} out of range"));
+    }
+    if created_at < 0 || expires_at <= created_at {
+        problem(format!(
+            "expires at {expires_at}, not after its creation at {created_at}"
+        ));
+    }
+    match state.as_str() {
+        "in_progress" => {
+            match lease_until {
+                None => problem("in progress without a lease deadline".to_owned()),
+                Some(until) if until > expires_at => problem(format!(
+                    "expires at {expires_at}, before its lease ends at {until}"
+                )),
+                Some(_) => {}
+            }
+            if status.is_some() || headers.is_some() || has_body || completed_at.is_some() {
+                problem("in progress but holds a response".to_owned());
+            }
+        }
+        "completed" => {
+            if lease_until.is_some() || has_checkpoint {
+                problem("completed but holds a lease or checkpoint".to_owned());
+            }
+            match status {
+                Some(s) if u16::try_from(s).is_ok() => {}
+                other => problem(format!("completed with response status {other:?}")),
+            }
+            match headers.as_deref().map(decode_headers) {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => problem(e.to_string()),
+                None => problem("completed without response headers".to_owned()),
+            }
+            if !has_body {
+                problem("completed without a response body".to_owned());
+            }
+            match completed_at {
+                Some(at) if at >= created_at && expires_at > at => {}
+                other => problem(format!(
+                    "completed at {other:?}, not between its creation at {created_at} and its \
+                     expiry at {expires_at}"
+                )),
+            }
+        }
+        other => problem(format!("unknown state {other:?}")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_validated() {
+        for bad in ["", "Public", "1abc", "a-b", "a\"b", &"a".repeat(64)] {
+            let mut builder = PgStore::builder();
+            builder.schema(bad);
+            assert!(
+                matches!(builder.validate(), Err(Error::InvalidConfig { .. })),
+                "{bad:?}"
+            );
+        }
+        let mut builder = PgStore::builder();
+        builder.schema("idem_2026");
+        assert!(builder.validate().is_ok());
+    }
+
+    #[test]
+    fn a_bad_url_is_a_configuration_error() {
+        assert!(matches!(
+            PgStore::connect("postgresql://[::1"),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn headers_round_trip_through_their_encoding() -> Result<()> {
+        let headers = vec![
+            ("Content-Type".to_owned(), b"application/json".to_vec()),
+            ("X-Dup".to_owned(), vec![0xff, 0]),
+        ];
+        let bytes = postcard::to_allocvec(&headers).map_err(|e| Error::storage("test", e))?;
+        assert_eq!(decode_headers(&bytes)?, headers);
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode_headers(&long).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,1241 @@
+//! One conformance suite for every backend: each test is written once, generic over a factory
+//! that opens an [`IdempotencyStore`] driven by a [`ManualClock`], and runs against the redb
+//! [`Store`] (in memory) and, with `--features postgres`, against [`PgStore`] (each test on a
+//! fresh PostgreSQL schema, dropped afterwards). The model-based check runs the shared
+//! reference model's step sequences (`tests/reference/mod.rs`) against both as well.
+//!
+//! PostgreSQL tests read the server from `IDEMPOTENCY_PG_URL` (`.ci/run` starts a server and
+//! sets it). Without it they print why and pass as skipped, except under `CI=true`, where a
+//! missing server fails them.
+
+use std::sync::Barrier;
+use std::time::Duration;
+
+use idempotency_store::{
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Outcome, RecordState,
+    Response, Result, Store, Timestamp,
+};
+use proptest::prelude::*;
+
+#[macro_use]
+#[allow(unused_macros)]
+mod reference;
+
+const LEASE: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(24 * 3600);
+const T0: u64 = 1_700_000_000_000;
+
+/// The settings a test asks the factory for; lease and retention as above unless given.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    lease: Duration,
+    retention: Duration,
+    max_key_len: Option<usize>,
+    max_response_bytes: Option<usize>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease: LEASE,
+            retention: RETENTION,
+            max_key_len: None,
+            max_response_bytes: None,
+        }
+    }
+}
+
+/// Opens a store on fresh storage with a manual clock standing at `T0`.
+type Factory<'a, S> = &'a dyn Fn(&Settings) -> Result<(S, ManualClock)>;
+
+fn open_redb(settings: &Settings) -> Result<(Store, ManualClock)> {
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let mut builder = Store::builder();
+    builder
+        .lease(settings.lease)
+        .retention(settings.retention)
+        .clock(clock.clone());
+    if let Some(len) = settings.max_key_len {
+        builder.max_key_len(len);
+    }
+    if let Some(bytes) = settings.max_response_bytes {
+        builder.max_response_bytes(bytes);
+    }
+    Ok((builder.open_in_memory()?, clock))
+}
+
+fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of(["POST", "/payments", body])
+}
+
+fn acquire<S: IdempotencyStore>(store: &S, key: &Key, f: Fingerprint) -> Lease {
+    match store.claim(key, f) {
+        Ok(Claim::Acquired(lease)) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+fn at(ms: u64) -> Timestamp {
+    Timestamp::from_millis(T0 + ms)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claim: every branch
+// ---------------------------------------------------------------------------------------------
+
+fn fresh_key_is_acquired_with_attempt_one<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let key = Key::new("k1")?;
+    let lease = acquire(&store, &key, fp("a"));
+    assert_eq!(lease.attempt(), 1);
+    assert_eq!(lease.key(), &key);
+    assert_eq!(lease.lease_until(), at(60_000));
+    assert_eq!(lease.checkpoint(), None);
+    let other = acquire(&store, &Key::new("k2")?, fp("a"));
+    assert!(other.token() > lease.token(), "tokens increase");
+    Ok(())
+}
+
+fn live_lease_answers_in_progress_until_the_deadline<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let _lease = acquire(&store, &key, fp("a"));
+    clock.advance(LEASE - Duration::from_millis(1));
+    match store.claim(&key, fp("a"))? {
+        Claim::InProgress {
+            lease_until,
+            attempt,
+        } => assert_eq!((lease_until, attempt), (at(60_000), 1)),
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    // Exactly at the deadline the lease has lapsed.
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(acquire(&store, &key, fp("a")).attempt(), 2);
+    Ok(())
+}
+
+fn different_fingerprint_is_a_mismatch_in_every_state<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    let mismatch = |store: &S| -> Result<bool> {
+        Ok(matches!(store.claim(&key, fp("b"))?, Claim::Mismatch { stored } if stored == fp("a")))
+    };
+    assert!(mismatch(&store)?, "live lease");
+    clock.advance(LEASE);
+    assert!(
+        mismatch(&store)?,
+        "lapsed lease: no takeover by another request"
+    );
+    store.complete(&lease, Response::new(201, "done"))?;
+    assert!(mismatch(&store)?, "completed");
+    Ok(())
+}
+
+fn completed_key_replays_byte_for_byte<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    let response = Response::new(201, vec![0u8, 255, 10, 13])
+        .with_header("Content-Type", "application/json")
+        .with_header("X-Dup", vec![0xff, 0x00])
+        .with_header("X-Dup", "second")
+        .with_header("x-empty", "");
+    clock.advance(Duration::from_secs(5));
+    store.complete(&lease, response.clone())?;
+    let Claim::Completed(replay) = store.claim(&key, fp("a"))? else {
+        panic!("expected a replay");
+    };
+    assert_eq!(replay.response, response);
+    assert_eq!(replay.created_at, at(0));
+    assert_eq!(replay.completed_at, at(5_000));
+    assert_eq!(replay.expires_at, at(5_000 + 86_400_000));
+    assert_eq!(replay.attempt, 1);
+    // An empty response replays as empty, not as missing.
+    let empty = Key::new("empty")?;
+    let lease = acquire(&store, &empty, fp("a"));
+    store.complete(&lease, Response::new(204, Vec::new()))?;
+    assert!(matches!(store.claim(&empty, fp("a"))?,
+        Claim::Completed(r) if r.response == Response::new(204, Vec::new())));
+    Ok(())
+}
+
+fn lapsed_lease_is_taken_over_with_attempt_and_checkpoint<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let mut first = acquire(&store, &key, fp("a"));
+    store.checkpoint(&mut first, b"charge-created".to_vec())?;
+    assert_eq!(first.checkpoint(), Some(&b"charge-created"[..]));
+    clock.advance(LEASE);
+    let second = acquire(&store, &key, fp("a"));
+    assert_eq!(second.attempt(), 2);
+    assert!(second.token() > first.token());
+    assert_eq!(second.checkpoint(), Some(&b"charge-created"[..]));
+    assert_eq!(second.lease_until(), at(120_000));
+    let view = store.lookup(&key)?.expect("record");
+    assert_eq!(view.created_at, at(0), "a takeover keeps the creation time");
+    clock.advance(LEASE);
+    assert_eq!(acquire(&store, &key, fp("a")).attempt(), 3);
+    Ok(())
+}
+
+fn expired_record_is_claimed_afresh_by_any_request<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let done = Key::new("done")?;
+    let stuck = Key::new("stuck")?;
+    let lease = acquire(&store, &done, fp("a"));
+    store.complete(&lease, Response::new(200, "old"))?;
+    let mut crashed = acquire(&store, &stuck, fp("a"));
+    store.checkpoint(&mut crashed, b"half".to_vec())?;
+    clock.advance(RETENTION - Duration::from_millis(1));
+    assert!(store.lookup(&done)?.is_some());
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(store.lookup(&done)?, None, "expired records are invisible");
+    assert_eq!(store.lookup(&stuck)?, None);
+    // Not swept yet, but a claim treats them as absent: attempt 1, no checkpoint, any body.
+    for key in [&done, &stuck] {
+        let fresh = acquire(&store, key, fp("b"));
+        assert_eq!((fresh.attempt(), fresh.checkpoint()), (1, None));
+        let view = store.lookup(key)?.expect("record");
+        assert_eq!(
+            (view.fingerprint, view.created_at),
+            (fp("b"), at(86_400_000))
+        );
+    }
+    assert!(matches!(
+        store.complete(&crashed, Response::new(200, "late")),
+        Err(Error::LeaseLost)
+    ));
+    assert!(store.verify()?.is_clean());
+    Ok(())
+}
+
+fn in_progress_record_lives_until_created_plus_retention<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    clock.advance(RETENTION - Duration::from_secs(1));
+    let view = store.lookup(&key)?.expect("still there");
+    assert!(matches!(view.state, RecordState::InProgress { .. }));
+    assert_eq!(view.expires_at, at(86_400_000));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(store.lookup(&key)?, None);
+    // An expired lease can no longer settle.
+    assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+    Ok(())
+}
+
+fn a_lease_longer_than_retention_keeps_the_record<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let settings = Settings {
+        lease: Duration::from_secs(100),
+        retention: Duration::from_secs(10),
+        ..Settings::default()
+    };
+    let (store, clock) = open(&settings)?;
+    let key = Key::new("k")?;
+    let mut lease = acquire(&store, &key, fp("a"));
+    assert_eq!(store.lookup(&key)?.map(|v| v.expires_at), Some(at(100_000)));
+    clock.advance(Duration::from_secs(90));
+    assert_eq!(store.heartbeat(&mut lease)?, at(190_000));
+    assert_eq!(store.lookup(&key)?.map(|v| v.expires_at), Some(at(190_000)));
+    store.complete(&lease, Response::new(200, "ok"))?;
+    assert_eq!(store.lookup(&key)?.map(|v| v.expires_at), Some(at(100_000)));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settling: fencing, release, heartbeat, checkpoint
+// ---------------------------------------------------------------------------------------------
+
+fn fencing_rejects_the_old_holder_and_changes_nothing<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let mut a = acquire(&store, &key, fp("a"));
+    clock.advance(LEASE + Duration::from_secs(1));
+    let b = acquire(&store, &key, fp("a"));
+    let before = store.lookup(&key)?;
+    assert!(matches!(
+        store.complete(&a, Response::new(200, "A")),
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.release(&a), Err(Error::LeaseLost)));
+    assert!(matches!(store.heartbeat(&mut a), Err(Error::LeaseLost)));
+    assert!(matches!(
+        store.checkpoint(&mut a, b"x".to_vec()),
+        Err(Error::LeaseLost)
+    ));
+    assert_eq!(
+        a.checkpoint(),
+        None,
+        "a fenced checkpoint leaves the lease alone"
+    );
+    assert_eq!(
+        store.lookup(&key)?,
+        before,
+        "a fenced call changed the record"
+    );
+    store.complete(&b, Response::new(200, "B"))?;
+    let Claim::Completed(replay) = store.claim(&key, fp("a"))? else {
+        panic!("expected B's replay");
+    };
+    assert_eq!((replay.response.body, replay.attempt), (b"B".to_vec(), 2));
+    Ok(())
+}
+
+fn a_lapsed_lease_nobody_took_over_still_completes<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    clock.advance(LEASE * 3);
+    store.complete(&lease, Response::new(200, "late"))?;
+    assert!(matches!(store.claim(&key, fp("a"))?, Claim::Completed(_)));
+    Ok(())
+}
+
+fn a_settled_lease_cannot_settle_again<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let mut lease = acquire(&store, &key, fp("a"));
+    store.complete(&lease, Response::new(200, "once"))?;
+    assert!(matches!(
+        store.complete(&lease, Response::new(200, "twice")),
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+    assert!(matches!(store.heartbeat(&mut lease), Err(Error::LeaseLost)));
+    assert!(matches!(
+        store.checkpoint(&mut lease, b"x".to_vec()),
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.claim(&key, fp("a"))?,
+        Claim::Completed(r) if r.response.body == b"once"));
+    Ok(())
+}
+
+fn release_lets_a_retry_run_afresh<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    store.release(&lease)?;
+    assert_eq!(store.lookup(&key)?, None);
+    assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+    // A released key may even be reused for another request.
+    let again = acquire(&store, &key, fp("b"));
+    assert_eq!(again.attempt(), 1);
+    assert!(matches!(
+        store.complete(&lease, Response::new(200, "stale")),
+        Err(Error::LeaseLost)
+    ));
+    Ok(())
+}
+
+fn heartbeat_extends_the_lease_from_now<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let mut lease = acquire(&store, &key, fp("a"));
+    clock.advance(Duration::from_secs(50));
+    let until = store.heartbeat(&mut lease)?;
+    assert_eq!(until, at(110_000));
+    assert_eq!(lease.lease_until(), until);
+    clock.advance(Duration::from_secs(30)); // past the original lease, inside the new one
+    assert!(matches!(
+        store.claim(&key, fp("a"))?,
+        Claim::InProgress { lease_until, attempt: 1 } if lease_until == until
+    ));
+    Ok(())
+}
+
+fn checkpoints_replace_each_other_and_survive_a_takeover<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let mut lease = acquire(&store, &key, fp("a"));
+    store.checkpoint(&mut lease, b"step-1".to_vec())?;
+    store.checkpoint(&mut lease, vec![0u8, 1, 255])?;
+    assert_eq!(lease.checkpoint(), Some(&[0u8, 1, 255][..]));
+    let view = store.lookup(&key)?.expect("record");
+    assert_eq!(
+        view.state,
+        RecordState::InProgress {
+            lease_until: lease.lease_until(),
+            checkpoint: Some(vec![0, 1, 255])
+        }
+    );
+    clock.advance(LEASE);
+    let next = acquire(&store, &key, fp("a"));
+    assert_eq!(next.checkpoint(), Some(&[0u8, 1, 255][..]));
+    Ok(())
+}
+
+fn lookup_reports_the_record_view<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    assert_eq!(store.lookup(&key)?, None);
+    let lease = acquire(&store, &key, fp("a"));
+    let view = store.lookup(&key)?.expect("record");
+    assert_eq!(
+        (
+            view.fingerprint,
+            view.created_at,
+            view.expires_at,
+            view.attempt
+        ),
+        (fp("a"), at(0), at(86_400_000), 1)
+    );
+    assert_eq!(
+        view.state,
+        RecordState::InProgress {
+            lease_until: at(60_000),
+            checkpoint: None
+        }
+    );
+    clock.advance(Duration::from_secs(2));
+    store.complete(&lease, Response::new(201, "made").with_header("h", "v"))?;
+    let view = store.lookup(&key)?.expect("record");
+    assert_eq!(view.expires_at, at(2_000 + 86_400_000));
+    assert_eq!(
+        view.state,
+        RecordState::Completed {
+            completed_at: at(2_000),
+            response: Response::new(201, "made").with_header("h", "v")
+        }
+    );
+    Ok(())
+}
+
+fn scopes_are_isolated<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let a = Key::scoped("tenant-a", "order-1")?;
+    let b = Key::scoped("tenant-b", "order-1")?;
+    let plain = Key::new("order-1")?;
+    let la = acquire(&store, &a, fp("a"));
+    // Same key string, other scope, other request: an independent record, not a mismatch.
+    let lb = acquire(&store, &b, fp("b"));
+    let lp = acquire(&store, &plain, fp("c"));
+    store.complete(&la, Response::new(200, "A"))?;
+    assert!(matches!(
+        store.claim(&b, fp("b"))?,
+        Claim::InProgress { .. }
+    ));
+    store.complete(&lb, Response::new(200, "B"))?;
+    store.release(&lp)?;
+    let Claim::Completed(ra) = store.claim(&a, fp("a"))? else {
+        panic!("a")
+    };
+    let Claim::Completed(rb) = store.claim(&b, fp("b"))? else {
+        panic!("b")
+    };
+    assert_eq!(
+        (ra.response.body, rb.response.body),
+        (b"A".to_vec(), b"B".to_vec())
+    );
+    assert_eq!(store.lookup(&plain)?, None);
+    // A lease of one scope cannot settle the same key in another.
+    let lp = acquire(&store, &plain, fp("c"));
+    assert!(store.lookup(&a)?.is_some());
+    store.complete(&lp, Response::new(200, "P"))?;
+    assert!(matches!(store.claim(&a, fp("a"))?,
+        Claim::Completed(r) if r.response.body == b"A"));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits
+// ---------------------------------------------------------------------------------------------
+
+fn max_key_len_is_enforced<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings {
+        max_key_len: Some(8),
+        ..Settings::default()
+    })?;
+    let ok = Key::new("12345678")?;
+    let long = Key::new("123456789")?;
+    let long_scope = Key::scoped("123456789", "k")?;
+    assert!(matches!(store.claim(&ok, fp("a"))?, Claim::Acquired(_)));
+    for key in [&long, &long_scope] {
+        assert!(matches!(
+            store.claim(key, fp("a")),
+            Err(Error::InvalidKey { .. })
+        ));
+        assert!(matches!(store.lookup(key), Err(Error::InvalidKey { .. })));
+    }
+    // The longest key the format allows works too.
+    let (store, _) = open(&Settings::default())?;
+    let longest = Key::scoped(&"s".repeat(255), &"k".repeat(255))?;
+    let lease = acquire(&store, &longest, fp("a"));
+    store.complete(&lease, Response::new(200, "ok"))?;
+    assert!(matches!(
+        store.claim(&longest, fp("a"))?,
+        Claim::Completed(_)
+    ));
+    Ok(())
+}
+
+fn oversized_response_is_rejected_and_the_lease_still_holds<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, _) = open(&Settings {
+        max_response_bytes: Some(1024),
+        ..Settings::default()
+    })?;
+    let key = Key::new("k")?;
+    let mut lease = acquire(&store, &key, fp("a"));
+    let big = Response::new(200, vec![0u8; 1000]).with_header("X-Pad", vec![0u8; 100]);
+    match store.complete(&lease, big) {
+        Err(Error::ResponseTooLarge { size, limit }) => assert_eq!((size, limit), (1105, 1024)),
+        other => panic!("expected ResponseTooLarge, got {other:?}"),
+    }
+    assert!(matches!(
+        store.checkpoint(&mut lease, vec![0u8; 1025]),
+        Err(Error::ResponseTooLarge { .. })
+    ));
+    assert!(matches!(
+        store.lookup(&key)?.map(|v| v.state),
+        Some(RecordState::InProgress {
+            checkpoint: None,
+            ..
+        })
+    ));
+    store.complete(&lease, Response::new(500, vec![7u8; 1024]))?;
+    assert!(matches!(store.claim(&key, fp("a"))?,
+        Claim::Completed(r) if r.response.status == 500 && r.response.body.len() == 1024));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Maintenance: sweep, stats, verify
+// ---------------------------------------------------------------------------------------------
+
+fn sweep_deletes_only_expired_records_in_bounded_batches<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    for i in 0..10 {
+        let lease = acquire(&store, &Key::new(&format!("old-{i}"))?, fp("a"));
+        store.complete(&lease, Response::new(200, "x"))?;
+    }
+    let _crashed = acquire(&store, &Key::new("old-crashed")?, fp("a"));
+    clock.advance(RETENTION);
+    let live = Key::new("live")?;
+    let lease = acquire(&store, &live, fp("a"));
+    store.complete(&lease, Response::new(200, "y"))?;
+    assert_eq!(store.sweep(0)?, 0);
+    assert_eq!(store.sweep(3)?, 3);
+    assert_eq!(store.stats()?.expired, 8);
+    assert_eq!(store.sweep_all()?, 8);
+    assert_eq!(store.sweep(100)?, 0);
+    let stats = store.stats()?;
+    assert_eq!(
+        (stats.in_progress, stats.completed, stats.expired),
+        (0, 1, 0)
+    );
+    assert!(store.lookup(&live)?.is_some());
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!((report.records, report.expiry_entries), (1, 1));
+    Ok(())
+}
+
+fn sweep_takes_the_oldest_expiry_first<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    for i in 0..4 {
+        let key = Key::new(&format!("k{i}"))?;
+        let lease = acquire(&store, &key, fp("a"));
+        store.complete(&lease, Response::new(200, "x"))?;
+        clock.advance(Duration::from_secs(1));
+    }
+    // k0 and k1 expired, k2 and k3 not yet.
+    clock.advance(RETENTION - Duration::from_secs(3));
+    assert_eq!(store.stats()?.expired, 2);
+    assert_eq!(store.sweep(1)?, 1);
+    assert_eq!(store.verify()?.records, 3);
+    clock.advance(Duration::from_secs(1)); // k2 expires too
+    assert_eq!(store.sweep(10)?, 2);
+    assert_eq!(store.verify()?.records, 1);
+    assert!(store.lookup(&Key::new("k3")?)?.is_some());
+    Ok(())
+}
+
+fn stats_count_records_by_state<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let empty = store.stats()?;
+    assert_eq!(
+        (
+            empty.in_progress,
+            empty.stuck,
+            empty.completed,
+            empty.expired
+        ),
+        (0, 0, 0, 0)
+    );
+    let _stuck = acquire(&store, &Key::new("stuck")?, fp("a"));
+    let done = acquire(&store, &Key::new("done")?, fp("a"));
+    store.complete(&done, Response::new(200, "x"))?;
+    clock.advance(LEASE);
+    let _live = acquire(&store, &Key::new("live")?, fp("a"));
+    let stats = store.stats()?;
+    assert_eq!(
+        (
+            stats.in_progress,
+            stats.stuck,
+            stats.completed,
+            stats.expired
+        ),
+        (2, 1, 1, 0)
+    );
+    clock.advance(RETENTION);
+    let stats = store.stats()?;
+    assert_eq!(
+        (
+            stats.in_progress,
+            stats.stuck,
+            stats.completed,
+            stats.expired
+        ),
+        (0, 0, 0, 3)
+    );
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.records, 3);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// execute
+// ---------------------------------------------------------------------------------------------
+
+fn execute_runs_once_and_releases_on_error<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let failed = store.execute(&key, fp("a"), |_| Err::<Response, _>("downstream down"))?;
+    assert!(matches!(failed, Outcome::Failed("downstream down")));
+    assert_eq!(
+        store.lookup(&key)?,
+        None,
+        "a failed execution releases the key"
+    );
+    let mut runs = 0;
+    for _ in 0..3 {
+        let outcome = store.execute(&key, fp("a"), |lease| {
+            runs += 1;
+            assert_eq!(lease.attempt(), 1);
+            Ok::<_, ()>(Response::new(201, "made"))
+        })?;
+        assert!(matches!(
+            outcome,
+            Outcome::Executed(_) | Outcome::Replayed(_)
+        ));
+    }
+    assert_eq!(runs, 1);
+    let mismatch = store.execute(&key, fp("other"), |_| Ok::<_, ()>(Response::default()))?;
+    assert!(matches!(mismatch, Outcome::Mismatch { stored } if stored == fp("a")));
+    Ok(())
+}
+
+fn execute_works_through_a_trait_object<S: IdempotencyStore + 'static>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let store: Box<dyn IdempotencyStore> = Box::new(store);
+    let key = Key::new("k")?;
+    // The closure checkpoints through the same store while it holds the lease.
+    let outcome = store.execute(&key, fp("a"), |lease| {
+        let busy = store
+            .claim(lease.key(), fp("a"))
+            .map_err(|e| e.to_string())?;
+        assert!(matches!(busy, Claim::InProgress { attempt: 1, .. }));
+        store
+            .checkpoint(lease, b"half".to_vec())
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(Response::new(200, "ok"))
+    })?;
+    assert!(matches!(outcome, Outcome::Executed(r) if r.body == b"ok"));
+    let replay = store.execute(&key, fp("a"), |_| Err::<Response, _>("must not run"))?;
+    assert!(matches!(replay, Outcome::Replayed(r) if r.response.body == b"ok"));
+    Ok(())
+}
+
+fn execute_reports_in_progress_without_running<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, _) = open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let _held = acquire(&store, &key, fp("a"));
+    let outcome = store.execute(&key, fp("a"), |_| -> std::result::Result<Response, ()> {
+        panic!("ran while another attempt holds the key")
+    })?;
+    assert!(matches!(
+        outcome,
+        Outcome::InProgress { attempt: 1, lease_until } if lease_until == at(60_000)
+    ));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency: one winner
+// ---------------------------------------------------------------------------------------------
+
+const RACERS: usize = 4;
+
+fn concurrent_claims_have_exactly_one_winner<S: IdempotencyStore>(open: Factory<S>) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let keys: Vec<Key> = (0..25)
+        .map(|i| Key::new(&format!("race-{i}")))
+        .collect::<Result<_>>()?;
+    // Round 1: fresh keys. Round 2: the same keys after their leases lapsed (takeover).
+    for (round, want_attempt) in [(1, 1), (2, 2)] {
+        let start = Barrier::new(RACERS);
+        let won: Vec<Vec<(usize, u32)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..RACERS)
+                .map(|_| {
+                    let (store, keys, start) = (&store, &keys, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        let mut won = Vec::new();
+                        for (i, key) in keys.iter().enumerate() {
+                            match store.claim(key, fp("a")) {
+                                Ok(Claim::Acquired(lease)) => won.push((i, lease.attempt())),
+                                Ok(Claim::InProgress { .. }) => {}
+                                other => panic!("round {round}: unexpected {other:?}"),
+                            }
+                        }
+                        won
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("racer panicked"))
+                .collect()
+        });
+        let mut per_key = vec![0; keys.len()];
+        for (i, attempt) in won.into_iter().flatten() {
+            assert_eq!(attempt, want_attempt, "round {round}, key {i}");
+            per_key[i] += 1;
+        }
+        assert!(
+            per_key.iter().all(|&n| n == 1),
+            "round {round}: winners per key {per_key:?}"
+        );
+        clock.advance(LEASE);
+    }
+    Ok(())
+}
+
+fn expired_keys_are_reclaimed_once_while_sweeps_run<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let keys: Vec<Key> = (0..24)
+        .map(|i| Key::new(&format!("old-{i}")))
+        .collect::<Result<_>>()?;
+    for key in &keys {
+        let lease = acquire(&store, key, fp("a"));
+        store.complete(&lease, Response::new(200, "old"))?;
+    }
+    clock.advance(RETENTION);
+    // Claimers race for the expired keys while a sweeper deletes them in small batches.
+    let start = Barrier::new(RACERS + 1);
+    let (won, swept) = std::thread::scope(|s| {
+        let claimers: Vec<_> = (0..RACERS)
+            .map(|r| {
+                let (store, keys, start) = (&store, &keys, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let mut won = Vec::new();
+                    // Each claimer walks the keys from another starting point.
+                    for n in 0..keys.len() {
+                        let i = (n + r * keys.len() / RACERS) % keys.len();
+                        match store.claim(&keys[i], fp("b")) {
+                            Ok(Claim::Acquired(lease)) => won.push((i, lease.attempt())),
+                            Ok(Claim::InProgress { attempt: 1, .. }) => {}
+                            other => panic!("old-{i}: unexpected {other:?}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        let sweeper = {
+            let (store, start) = (&store, &start);
+            s.spawn(move || {
+                start.wait();
+                let mut swept = 0;
+                for _ in 0..12 {
+                    swept += store.sweep(3).expect("sweep");
+                }
+                swept
+            })
+        };
+        let won: Vec<(usize, u32)> = claimers
+            .into_iter()
+            .flat_map(|h| h.join().expect("claimer panicked"))
+            .collect();
+        (won, sweeper.join().expect("sweeper panicked"))
+    });
+    let mut per_key = vec![0; keys.len()];
+    for (i, attempt) in won {
+        assert_eq!(attempt, 1, "old-{i} reclaimed as a takeover");
+        per_key[i] += 1;
+    }
+    assert!(
+        per_key.iter().all(|&n| n == 1),
+        "winners per key {per_key:?}"
+    );
+    let stats = store.stats()?;
+    assert_eq!((stats.in_progress, stats.expired), (keys.len() as u64, 0));
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.records, keys.len() as u64, "{swept} swept");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model-based: the shared reference model's step sequences
+// ---------------------------------------------------------------------------------------------
+
+/// A model run's store: lease and retention of the reference model, and its clock.
+fn model_settings() -> Settings {
+    Settings {
+        lease: Duration::from_millis(reference::LEASE_MS),
+        retention: Duration::from_millis(reference::RETENTION_MS),
+        ..Settings::default()
+    }
+}
+
+/// Opens a store on one case's storage (again at each `Reopen`), with the given clock.
+type Opener<S> = Box<dyn Fn(&ManualClock) -> Result<S>>;
+
+/// Runs step sequences decoded from random bytes (the fuzz target's decoder) against a fresh
+/// store of the backend per case, every answer compared with the reference model. A `Reopen`
+/// step drops the store and opens another on the same storage (redb: the same in-memory disk;
+/// PostgreSQL: a new `PgStore` on the same schema).
+fn matches_the_reference_model<S: IdempotencyStore>(
+    cases: u32,
+    fresh: &dyn Fn() -> Result<Opener<S>>,
+) {
+    let config = ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let result = runner.run(&prop::collection::vec(any::<u8>(), 1..160), |bytes| {
+        let steps = reference::decode_steps(&bytes);
+        let clock = ManualClock::new(reference::ts(reference::T0));
+        let open = fresh().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        reference::run_steps(&steps, &clock, &|| open(&clock), &|_, _| Ok(()))
+            .map_err(|f| TestCaseError::fail(format!("{f}\nsteps: {steps:?}")))
+    });
+    if let Err(err) = result {
+        panic!("the backend disagrees with the reference model: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two backends
+// ---------------------------------------------------------------------------------------------
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        /// Every conformance test on the embedded redb store (in memory).
+        mod redb_backend {
+            $(
+                #[test]
+                fn $name() -> idempotency_store::Result<()> {
+                    super::$name(&super::open_redb)
+                }
+            )*
+        }
+
+        /// Every conformance test on PostgreSQL, each on a fresh schema.
+        #[cfg(feature = "postgres")]
+        mod postgres_backend {
+            $(
+                #[test]
+                fn $name() -> idempotency_store::Result<()> {
+                    let Some(db) = super::pg::Db::fresh(stringify!($name)) else {
+                        return Ok(());
+                    };
+                    super::$name(&|settings| db.open(settings))
+                }
+            )*
+        }
+    };
+}
+
+conformance! {
+    fresh_key_is_acquired_with_attempt_one,
+    live_lease_answers_in_progress_until_the_deadline,
+    different_fingerprint_is_a_mismatch_in_every_state,
+    completed_key_replays_byte_for_byte,
+    lapsed_lease_is_taken_over_with_attempt_and_checkpoint,
+    expired_record_is_claimed_afresh_by_any_request,
+    in_progress_record_lives_until_created_plus_retention,
+    a_lease_longer_than_retention_keeps_the_record,
+    fencing_rejects_the_old_holder_and_changes_nothing,
+    a_lapsed_lease_nobody_took_over_still_completes,
+    a_settled_lease_cannot_settle_again,
+    release_lets_a_retry_run_afresh,
+    heartbeat_extends_the_lease_from_now,
+    checkpoints_replace_each_other_and_survive_a_takeover,
+    lookup_reports_the_record_view,
+    scopes_are_isolated,
+    max_key_len_is_enforced,
+    oversized_response_is_rejected_and_the_lease_still_holds,
+    sweep_deletes_only_expired_records_in_bounded_batches,
+    sweep_takes_the_oldest_expiry_first,
+    stats_count_records_by_state,
+    execute_runs_once_and_releases_on_error,
+    execute_works_through_a_trait_object,
+    execute_reports_in_progress_without_running,
+    concurrent_claims_have_exactly_one_winner,
+    expired_keys_are_reclaimed_once_while_sweeps_run,
+}
+
+#[test]
+fn redb_backend_matches_the_reference_model() {
+    matches_the_reference_model::<Store>(64, &|| {
+        // Storage that survives a reopen, fresh for each case.
+        let disk = reference::MemDisk::default();
+        Ok(Box::new(move |clock: &ManualClock| {
+            let settings = model_settings();
+            let mut builder = Store::builder();
+            builder
+                .lease(settings.lease)
+                .retention(settings.retention)
+                .clock(clock.clone());
+            builder.open_with_backend(disk.clone())
+        }))
+    });
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_backend_matches_the_reference_model() {
+    use std::sync::Arc;
+    let Some(url) = pg::url() else { return };
+    // One schema for the whole run, emptied before each case; dropped at the end.
+    let db = Arc::new(pg::Db::named(url, "model"));
+    let cases = std::env::var("CONFORMANCE_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    matches_the_reference_model::<idempotency_store::PgStore>(cases, &|| {
+        db.truncate()?;
+        let db = Arc::clone(&db);
+        Ok(Box::new(move |clock: &ManualClock| {
+            db.connect(&model_settings(), clock)
+        }))
+    });
+}
+
+/// Migrations are applied once, recorded, and refused when the schema is newer or foreign.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
+    let Some(db) = pg::Db::fresh("migrations") else {
+        return Ok(());
+    };
+    let (first, _) = db.open(&Settings::default())?;
+    let lease = acquire(&first, &Key::new("k")?, fp("a"));
+    // A second instance on the same schema migrates nothing and sees the record.
+    let (second, _) = db.open(&Settings::default())?;
+    assert!(matches!(
+        second.claim(&Key::new("k")?, fp("a"))?,
+        Claim::InProgress { .. }
+    ));
+    second.complete(&lease, Response::new(200, "by the other instance"))?;
+    assert_eq!(
+        db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
+        1
+    );
+    // A schema migrated by a newer version is refused.
+    db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
+    assert!(matches!(
+        db.open(&Settings::default()),
+        Err(Error::NotAStore { .. })
+    ));
+    // So is a schema holding a table of the same name that this crate did not create.
+    let Some(foreign) = pg::Db::fresh("foreign") else {
+        return Ok(());
+    };
+    foreign.execute("CREATE SCHEMA {schema}; CREATE TABLE {schema}.idempotency_keys (x int)")?;
+    assert!(matches!(
+        foreign.open(&Settings::default()),
+        Err(Error::NotAStore { .. })
+    ));
+    Ok(())
+}
+
+/// Without an injected clock, time is the database server's.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_uses_the_server_clock_by_default() -> Result<()> {
+    let Some(db) = pg::Db::fresh("server_clock") else {
+        return Ok(());
+    };
+    let store = db.open_with_server_clock()?;
+    let before = store.now()?;
+    let Claim::Acquired(lease) = store.claim(&Key::new("k")?, fp("a"))? else {
+        panic!("not acquired");
+    };
+    let after = store.now()?;
+    let started = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+    assert!(
+        (before.as_millis()..=after.as_millis()).contains(&started),
+        "claimed at {started}, outside [{before:?}, {after:?}]"
+    );
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    assert!(
+        started.abs_diff(wall) < 60_000,
+        "server time {started}, local {wall}"
+    );
+    Ok(())
+}
+
+/// A pooled connection that the server dropped fails at most one call, then is replaced.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_replaces_a_connection_the_server_dropped() -> Result<()> {
+    let Some(db) = pg::Db::fresh("dropped") else {
+        return Ok(());
+    };
+    let name = format!("conformance_dropped_{}", std::process::id());
+    let store = db.open_named(&name)?;
+    let key = Key::new("k")?;
+    let lease = acquire(&store, &key, fp("a"));
+    db.execute(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'"
+    ))?;
+    let mut failures = 0;
+    let outcome = loop {
+        match store.complete(&lease, Response::new(200, "after the drop")) {
+            Err(Error::Storage { .. }) if failures == 0 => failures += 1,
+            other => break other,
+        }
+    };
+    outcome?;
+    assert!(matches!(store.claim(&key, fp("a"))?, Claim::Completed(_)));
+    println!("calls failed by the dropped connection: {failures}");
+    Ok(())
+}
+
+/// A wrong password or an unparsable URL fails `connect` at once, with the reason.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_connect_fails_fast_on_bad_credentials() {
+    let Some(url) = pg::url() else { return };
+    assert!(matches!(
+        idempotency_store::PgStore::connect("postgresql://[::1"),
+        Err(Error::InvalidConfig { .. })
+    ));
+    if url.starts_with("postgres") {
+        return; // a URL-style address cannot simply be overridden below
+    }
+    let started = std::time::Instant::now();
+    let wrong = idempotency_store::PgStore::connect(&format!("{url} password=wrong-{}", T0));
+    match wrong {
+        Err(err @ Error::Storage { .. }) => {
+            let mut chain = Vec::new();
+            let mut cause = std::error::Error::source(&err);
+            while let Some(c) = cause {
+                chain.push(c.to_string());
+                cause = c.source();
+            }
+            assert!(
+                chain
+                    .iter()
+                    .any(|c| c.contains("password authentication failed")),
+                "{chain:?}"
+            );
+        }
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// PostgreSQL fixtures: the server's URL, and schemas that exist for one test.
+#[cfg(feature = "postgres")]
+mod pg {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Mutex, PoisonError};
+
+    use idempotency_store::{Error, ManualClock, PgStore, Result, Timestamp};
+
+    use super::{Settings, T0};
+
+    /// The server's URL from `IDEMPOTENCY_PG_URL`; `None` (with the reason printed) if unset,
+    /// except under `CI=true`, where a missing server fails the test.
+    pub fn url() -> Option<String> {
+        match std::env::var("IDEMPOTENCY_PG_URL") {
+            Ok(url) if !url.trim().is_empty() => Some(url),
+            _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+                "CI=true but IDEMPOTENCY_PG_URL is not set: the PostgreSQL conformance tests \
+                 must run in CI (.ci/run starts the server and exports the URL)"
+            ),
+            _ => {
+                eprintln!(
+                    "skipped: IDEMPOTENCY_PG_URL is not set (e.g. \"host=127.0.0.1 user=idem \
+                     password=idem dbname=idem\"); see .ci/run"
+                );
+                None
+            }
+        }
+    }
+
+    /// A schema of its own, dropped (with everything in it) when this is dropped.
+    pub struct Db {
+        url: String,
+        schema: String,
+    }
+
+    impl Db {
+        /// A fresh schema for the test `name`, or `None` if there is no server to test on.
+        pub fn fresh(name: &str) -> Option<Db> {
+            url().map(|url| Db::named(url, name))
+        }
+
+        /// A schema unique to this process and call, derived from `name`.
+        pub fn named(url: String, name: &str) -> Db {
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let short: String = name.chars().take(40).collect();
+            let schema = format!("conf_{short}_{}_{n}", std::process::id());
+            let db = Db { url, schema };
+            db.drop_schema();
+            db
+        }
+
+        /// A store on this schema (created on first use) with the test's settings.
+        pub fn open(&self, settings: &Settings) -> Result<(PgStore, ManualClock)> {
+            let clock = ManualClock::new(Timestamp::from_millis(T0));
+            Ok((self.connect(settings, &clock)?, clock))
+        }
+
+        pub fn connect(&self, settings: &Settings, clock: &ManualClock) -> Result<PgStore> {
+            let mut builder = PgStore::builder();
+            builder
+                .schema(self.schema.as_str())
+                .lease(settings.lease)
+                .retention(settings.retention)
+                .pool_size(4)
+                .clock(clock.clone());
+            if let Some(len) = settings.max_key_len {
+                builder.max_key_len(len);
+            }
+            if let Some(bytes) = settings.max_response_bytes {
+                builder.max_response_bytes(bytes);
+            }
+            builder.connect(&self.url)
+        }
+
+        /// A store on this schema with default settings and the server's clock.
+        pub fn open_with_server_clock(&self) -> Result<PgStore> {
+            PgStore::builder()
+                .schema(self.schema.as_str())
+                .lease(super::LEASE)
+                .pool_size(2)
+                .connect(&self.url)
+        }
+
+        /// A store on this schema with one pooled connection, named `application_name`.
+        pub fn open_named(&self, application_name: &str) -> Result<PgStore> {
+            let url = if self.url.starts_with("postgres") {
+                let sep = if self.url.contains('?') { '&' } else { '?' };
+                format!("{}{sep}application_name={application_name}", self.url)
+            } else {
+                format!("{} application_name={application_name}", self.url)
+            };
+            PgStore::builder()
+                .schema(self.schema.as_str())
+                .pool_size(1)
+                .connect(&url)
+        }
+
+        /// Runs `sql` with `{schema}` replaced by this schema's quoted name.
+        pub fn execute(&self, sql: &str) -> Result<()> {
+            self.admin(&sql.replace("{schema}", &format!("\"{}\"", self.schema)))
+        }
+
+        /// The first column of the first row of `sql` (with `{schema}` replaced).
+        pub fn query_i64(&self, sql: &str) -> Result<i64> {
+            let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
+            let mut client =
+                postgres::Client::connect(&self.url, postgres::NoTls).map_err(|e| {
+                    Error::InvalidConfig {
+                        reason: format!("test fixture: {e}"),
+                    }
+                })?;
+            client
+                .query_one(sql.as_str(), &[])
+                .and_then(|row| row.try_get(0))
+                .map_err(|e| Error::InvalidConfig {
+                    reason: format!("test fixture: {e}"),
+                })
+        }
+
+        /// Deletes every record (keeps the schema).
+        pub fn truncate(&self) -> Result<()> {
+            self.admin(&format!(
+                "DO $$ BEGIN IF to_regclass('\"{0}\".idempotency_keys') IS NOT NULL THEN \
+                 TRUNCATE \"{0}\".idempotency_keys; END IF; END $$",
+                self.schema
+            ))
+        }
+
+        fn drop_schema(&self) {
+            if let Err(e) = self.admin(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            )) {
+                eprintln!("could not drop schema {}: {e}", self.schema);
+            }
+        }
+
+        /// Runs `sql` on one connection shared by every fixture of the process (a connection
+        /// costs a SCRAM handshake, slow in debug builds).
+        fn admin(&self, sql: &str) -> Result<()> {
+            static ADMIN: Mutex<Option<postgres::Client>> = Mutex::new(None);
+            let fail = |e: postgres::Error| Error::InvalidConfig {
+                reason: format!("test fixture: {e}"),
+            };
+            let mut admin = ADMIN.lock().unwrap_or_else(PoisonError::into_inner);
+            let client = match &mut *admin {
+                Some(client) if !client.is_closed() => client,
+                slot => slot
+                    .insert(postgres::Client::connect(&self.url, postgres::NoTls).map_err(fail)?),
+            };
+            client.batch_execute(sql).map_err(fail)
+        }
+    }
+
+    impl Drop for Db {
+        fn drop(&mut self) {
+            self.drop_schema();
+        }
+    }
+}
