@@ -277,11 +277,12 @@ impl Instance {
         stdin.write_all(b"go\n").expect("go");
     }
 
-    /// Every remaining line, after the child exited successfully.
+    /// Every remaining line, after the child exited successfully. Reads until the reader
+    /// thread hits end of file: the child's exit does not mean its last lines were forwarded.
     fn finish(mut self) -> Vec<String> {
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "child failed: {status}");
-        self.lines.try_iter().collect()
+        self.lines.iter().collect()
     }
 }
 
@@ -386,8 +387,9 @@ fn a_killed_holder_is_taken_over_only_after_its_lease() -> Result<()> {
     let status = victim.child.wait().expect("wait");
     assert!(!status.success(), "the victim ended by itself: {status}");
     let killed_at = check.now()?.as_millis();
-    // Acquisitions the victim reported between our reads and the kill.
-    for line in victim.lines.try_iter() {
+    // Acquisitions the victim reported between our reads and the kill (read to end of file:
+    // the reader thread may not have forwarded them yet).
+    for line in victim.lines.iter() {
         let f = fields(&line);
         held.insert(usize::try_from(f[0]).expect("key"), f[3]);
     }
