@@ -124,8 +124,9 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// released or swept between two statements, or another claimer took it over) starts again.
 /// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
 /// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is one bounded
-/// `DELETE … WHERE ctid IN (SELECT ctid … WHERE expires_at <= now ORDER BY expires_at, key
-/// LIMIT $n FOR UPDATE SKIP LOCKED)`, in the redb store's order (expiry, then stored key);
+/// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
+/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED`, in the redb store's order (expiry, then
+/// stored key);
 /// concurrent sweepers skip each other's rows instead of waiting.
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
@@ -722,13 +723,17 @@ impl Sql {
                 "{NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
                  FROM c WHERE {FENCE} RETURNING r.token"
             ),
+            // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
+            // planner may rescan the subquery per outer row, and a rescan skips the rows this
+            // statement already deleted and locks the next ones, deleting more than the limit.
             sweep: format!(
-                "{NOW} DELETE FROM {t} AS r USING c WHERE r.ctid IN (\
+                "{NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
                          x.key COLLATE \"C\" \
                      LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED) \
-                 AND r.expires_at <= c.now"
+                 DELETE FROM {t} AS r USING doomed AS d, c \
+                 WHERE r.ctid = d.ctid AND r.expires_at <= c.now"
             ),
             stats: format!(
                 "{NOW} SELECT \
