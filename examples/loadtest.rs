@@ -9,7 +9,11 @@
 //! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
 //!     [--sweep-batch N]
 //! cargo run --release --example loadtest -- --space [--records N] [--dir PATH]
+//! cargo run --release --example loadtest -- --recovery [--records N] [--dir PATH]
 //! ```
+//!
+//! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
+//! first open after that crash, for each `Durability`.
 //!
 //! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `postgres`,
 //! `store-quickrepair`, `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
@@ -50,6 +54,9 @@ enum Mode {
     Main,
     Sweep,
     Space,
+    Recovery,
+    /// Internal: the child of `--recovery`, which fills a store and aborts.
+    RecoveryChild,
 }
 
 struct Args {
@@ -64,10 +71,13 @@ struct Args {
     prefill_threads: usize,
     /// `--sweep` with this: the sweeper loops `sweep(N)` instead of calling `sweep_all()`.
     sweep_batch: Option<usize>,
+    /// `--recovery-child` only: the store file and its durability.
+    child: Option<(PathBuf, Durability)>,
 }
 
 const USAGE: &str = "usage: loadtest [--seconds S] [--threads 1,4,16,64] [--dir PATH] [--json-only] \
-[--only NAME[,NAME..]] [--replay-keys N] | --sweep [--records N] [--sweep-batch N] | --space [--records N]";
+[--only NAME[,NAME..]] [--replay-keys N] | --sweep [--records N] [--sweep-batch N] | --space [--records N] \
+| --recovery [--records N]";
 
 fn parse_args() -> Res<Args> {
     let mut args = Args {
@@ -81,6 +91,7 @@ fn parse_args() -> Res<Args> {
         replay_keys: 10_000,
         prefill_threads: 64,
         sweep_batch: None,
+        child: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -113,6 +124,16 @@ fn parse_args() -> Res<Args> {
             "--prefill-threads" => args.prefill_threads = parse_num::<usize>(&value()?)?.max(1),
             "--sweep" => args.mode = Mode::Sweep,
             "--space" => args.mode = Mode::Space,
+            "--recovery" => args.mode = Mode::Recovery,
+            "--recovery-child" => {
+                let path = PathBuf::from(value()?);
+                let durability = match value()?.as_str() {
+                    "quick-repair" => Durability::QuickRepair,
+                    _ => Durability::Immediate,
+                };
+                args.mode = Mode::RecoveryChild;
+                args.child = Some((path, durability));
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -1795,6 +1816,88 @@ fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     Ok(j)
 }
 
+// ---------------------------------------------------------------------------------------------
+// --recovery: the first open after a crash, per durability setting
+
+/// Fills a store with `--records` completed records, then aborts: no clean close, so the next
+/// open finds the file as a crash leaves it.
+fn recovery_child(args: &Args, out: &Out) -> Res<J> {
+    let (path, durability) = args.child.clone().ok_or("--recovery-child needs a path")?;
+    let store = Store::builder()
+        .durability(durability)
+        .open(&path)
+        .map_err(|e| err("open", e))?;
+    prefill_store(
+        &store,
+        args.records,
+        args.prefill_threads,
+        &|i| key_name(1, i),
+        out,
+    )?;
+    std::process::abort();
+}
+
+fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+    let n = args.records;
+    out.line(format!(
+        "recovery: first open after a crash (child aborted after {n} completed records), per durability"
+    ));
+    let exe = std::env::current_exe().map_err(|e| err("current exe", e))?;
+    let mut j = J::obj();
+    j.set("mode", J::Str("recovery".into()))
+        .set("records", J::Int(n))
+        .set("machine", machine_json());
+    for (name, durability) in [
+        ("immediate", Durability::Immediate),
+        ("quick-repair", Durability::QuickRepair),
+    ] {
+        let dir = fresh_dir(&base, name)?;
+        let path = dir.path().join("store.redb");
+        let status = std::process::Command::new(&exe)
+            .arg("--recovery-child")
+            .arg(&path)
+            .arg(name)
+            .args(["--records", &n.to_string(), "--json-only"])
+            .status()
+            .map_err(|e| err("spawn", e))?;
+        if status.success() {
+            return Err("the recovery child did not crash".into());
+        }
+        let open = || {
+            let started = Instant::now();
+            let store = Store::builder()
+                .durability(durability)
+                .open(&path)
+                .map_err(|e| err("reopen", e))?;
+            let took = started.elapsed();
+            let completed = store.stats().map_err(|e| err("stats", e))?.completed;
+            Ok::<_, String>((took, completed))
+        };
+        let (after_crash, completed) = open()?;
+        let (clean, _) = open()?;
+        let mib = file_bytes(&path).1 as f64 / (1 << 20) as f64;
+        out.line(format!(
+            "{name:<13} first open after crash {:>9.1} ms, after a clean close {:>7.1} ms; \
+             {completed} records survived; {mib:.0} MiB allocated",
+            after_crash.as_secs_f64() * 1e3,
+            clean.as_secs_f64() * 1e3,
+        ));
+        let mut r = J::obj();
+        r.set(
+            "open_after_crash_ms",
+            J::Num(after_crash.as_secs_f64() * 1e3),
+        )
+        .set(
+            "open_after_clean_close_ms",
+            J::Num(clean.as_secs_f64() * 1e3),
+        )
+        .set("records_survived", J::Int(completed))
+        .set("allocated_mib", J::Num(mib));
+        j.set(name, r);
+    }
+    Ok(j)
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(args) => args,
@@ -1810,6 +1913,8 @@ fn main() -> ExitCode {
         Mode::Main => main_run(&args, &out, base),
         Mode::Sweep => sweep_run(&args, &out, base),
         Mode::Space => space_run(&args, &out, base),
+        Mode::Recovery => recovery_run(&args, &out, base),
+        Mode::RecoveryChild => recovery_child(&args, &out),
     });
     match result {
         Ok(j) => {
