@@ -262,23 +262,30 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |reason: &str| {
-            Err(Error::InvalidConfig {
-                reason: reason.to_owned(),
-            })
-        };
-        if self.retention.is_zero() {
-            return bad("retention must be longer than zero");
-        }
-        if self.lease.is_zero() {
-            return bad("lease must be longer than zero");
-        }
-        if !(1..=MAX_KEY_LEN).contains(&self.max_key_len) {
-            return bad("max_key_len must be between 1 and 255");
-        }
+        check_common(self.retention, self.lease, self.max_key_len)?;
         if self.max_batch == 0 {
-            return bad("max_batch must be at least 1");
+            return invalid_config("max_batch must be at least 1");
         }
         Ok(())
     }
+}
+
+/// The settings every backend shares.
+pub(crate) fn check_common(retention: Duration, lease: Duration, max_key_len: usize) -> Result<()> {
+    if retention.is_zero() {
+        return invalid_config("retention must be longer than zero");
+    }
+    if lease.is_zero() {
+        return invalid_config("lease must be longer than zero");
+    }
+    if !(1..=MAX_KEY_LEN).contains(&max_key_len) {
+        return invalid_config("max_key_len must be between 1 and 255");
+    }
+    Ok(())
+}
+
+pub(crate) fn invalid_config<T>(reason: &str) -> Result<T> {
+    Err(Error::InvalidConfig {
+        reason: reason.to_owned(),
+    })
 }

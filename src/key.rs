@@ -101,6 +101,17 @@ impl Key {
         }
     }
 
+    /// Checks the key and scope against a store's `max_key_len`.
+    pub(crate) fn check_len(&self, max: usize) -> Result<()> {
+        let longest = self.key().len().max(self.scope().map_or(0, str::len));
+        if longest > max {
+            return Err(Error::invalid_key(format!(
+                "the key or scope is {longest} bytes long; this store accepts at most {max}"
+            )));
+        }
+        Ok(())
+    }
+
     /// The bytes under which the record is stored.
     pub(crate) fn as_stored(&self) -> &[u8] {
         &self.stored

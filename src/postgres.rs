@@ -13,6 +13,7 @@ use r2d2_postgres::PostgresConnectionManager;
 
 use crate::backend::IdempotencyStore;
 use crate::clock::{Clock, Timestamp, millis};
+use crate::config::{check_common, invalid_config};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, MAX_KEY_LEN};
@@ -308,25 +309,12 @@ impl PgStoreBuilder {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |reason: &str| {
-            Err(Error::InvalidConfig {
-                reason: reason.to_owned(),
-            })
-        };
-        if self.retention.is_zero() {
-            return bad("retention must be longer than zero");
-        }
-        if self.lease.is_zero() {
-            return bad("lease must be longer than zero");
-        }
-        if !(1..=MAX_KEY_LEN).contains(&self.max_key_len) {
-            return bad("max_key_len must be between 1 and 255");
-        }
+        check_common(self.retention, self.lease, self.max_key_len)?;
         if self.pool_size == 0 {
-            return bad("pool_size must be at least 1");
+            return invalid_config("pool_size must be at least 1");
         }
         if self.connection_timeout.is_zero() {
-            return bad("connection_timeout must be longer than zero");
+            return invalid_config("connection_timeout must be longer than zero");
         }
         let schema = self.schema.as_bytes();
         let valid = (1..=63).contains(&schema.len())
@@ -335,7 +323,7 @@ impl PgStoreBuilder {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
             && !schema[0].is_ascii_digit();
         if !valid {
-            return bad(
+            return invalid_config(
                 "schema must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, 1 to 63 bytes)",
             );
         }
@@ -410,22 +398,11 @@ impl PgStore {
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {
-        let max = self.settings.max_key_len;
-        let longest = key.key().len().max(key.scope().map_or(0, str::len));
-        if longest > max {
-            return Err(Error::invalid_key(format!(
-                "the key or scope is {longest} bytes long; this store accepts at most {max}"
-            )));
-        }
-        Ok(())
+        key.check_len(self.settings.max_key_len)
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
-        let limit = self.settings.max_response_bytes;
-        if size > limit {
-            return Err(Error::ResponseTooLarge { size, limit });
-        }
-        Ok(())
+        crate::record::check_size(size, self.settings.max_response_bytes)
     }
 
     /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and

@@ -128,6 +128,14 @@ impl Record {
     }
 }
 
+/// Checks a response's (or checkpoint's) size against a store's `max_response_bytes`.
+pub(crate) fn check_size(size: usize, limit: usize) -> Result<()> {
+    if size > limit {
+        return Err(Error::ResponseTooLarge { size, limit });
+    }
+    Ok(())
+}
+
 const CHECKSUM_LEN: usize = 8;
 
 fn checksum(key: &[u8], versioned: &[u8]) -> [u8; CHECKSUM_LEN] {

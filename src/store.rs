@@ -18,7 +18,7 @@ use crate::ops::{
     META_RECORDS, Op, Quota, RECORDS, Tables, Usage, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
-use crate::record::{FORMAT_VERSION, Record, Response, State};
+use crate::record::{FORMAT_VERSION, Record, Response, State, check_size};
 use crate::wait::Waiters;
 
 /// A durable idempotency-key store in one redb file.
@@ -310,22 +310,11 @@ impl Store {
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {
-        let max = self.config.max_key_len;
-        let longest = key.key().len().max(key.scope().map_or(0, str::len));
-        if longest > max {
-            return Err(Error::invalid_key(format!(
-                "the key or scope is {longest} bytes long; this store accepts at most {max}"
-            )));
-        }
-        Ok(())
+        key.check_len(self.config.max_key_len)
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
-        let limit = self.config.max_response_bytes;
-        if size > limit {
-            return Err(Error::ResponseTooLarge { size, limit });
-        }
-        Ok(())
+        check_size(size, self.config.max_response_bytes)
     }
 
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
