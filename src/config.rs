@@ -1,12 +1,13 @@
 //! Store settings and the builder that opens a store with them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result, contain};
 use crate::key::MAX_KEY_LEN;
+use crate::layout::{self, Region, Shared, Tail};
 use crate::store::Store;
 
 /// How a write call's commit reaches the disk before the call returns.
@@ -51,6 +52,7 @@ pub struct Builder {
     pub(crate) max_response_bytes: usize,
     pub(crate) cache_size: usize,
     pub(crate) max_batch: usize,
+    pub(crate) log_size: u64,
     pub(crate) max_records: Option<u64>,
     pub(crate) max_bytes: Option<u64>,
     pub(crate) when_full: WhenFull,
@@ -80,6 +82,7 @@ impl Default for Builder {
             max_response_bytes: 1 << 20,
             cache_size: 16 << 20,
             max_batch: 128,
+            log_size: layout::DEFAULT_LOG_LEN,
             max_records: None,
             max_bytes: None,
             when_full: WhenFull::Refuse,
@@ -98,6 +101,7 @@ impl std::fmt::Debug for Builder {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("cache_size", &self.cache_size)
             .field("max_batch", &self.max_batch)
+            .field("log_size", &self.log_size)
             .field("max_records", &self.max_records)
             .field("max_bytes", &self.max_bytes)
             .field("when_full", &self.when_full)
@@ -161,6 +165,17 @@ impl Builder {
         self
     }
 
+    /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at
+    /// least 16 KiB. Each write batch appends to the log and syncs it; when the log is full,
+    /// a batch commits durably into the database instead (a checkpoint) and the log starts
+    /// over. A bigger log means fewer checkpoints; a smaller one a smaller file. A batch
+    /// bigger than the log simply checkpoints. An existing file keeps the size it was created
+    /// with. Defaults to 4 MiB.
+    pub fn log_size(&mut self, bytes: u64) -> &mut Self {
+        self.log_size = bytes;
+        self
+    }
+
     /// The most records the store holds (any state, expired ones included until swept). A
     /// claim of a new key beyond it first deletes expired records, then follows
     /// [`when_full`](Builder::when_full). Defaults to no limit.
@@ -200,37 +215,8 @@ impl Builder {
         self.validate()?;
         let path = path.as_ref();
         contain("opening the store", || {
-            let db = self.open_file(path)?;
-            Store::init(db, self.clone(), Some(path.to_path_buf()))
-        })
-    }
-
-    fn open_file(&self, path: &Path) -> Result<redb::Database> {
-        // redb would initialise an empty file as a new database; a store file truncated to
-        // nothing must not silently come back empty (every retry would run again).
-        if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
-            return Err(Error::NotAStore {
-                reason: format!(
-                    "{} is empty (0 bytes); if it is a new file, delete it and the store will \
-                     create it",
-                    path.display()
-                ),
-            });
-        }
-        self.redb().create(path).map_err(|err| match err {
-            redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.kind() == std::io::ErrorKind::InvalidData =>
-            {
-                Error::NotAStore {
-                    reason: io.to_string(),
-                }
-            }
-            redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.kind() == std::io::ErrorKind::UnexpectedEof =>
-            {
-                Error::corrupted(format!("the file is truncated ({io})"))
-            }
-            other => other.into(),
+            let storage = open_file(path)?;
+            self.open_storage(storage, Some(path.to_path_buf()))
         })
     }
 
@@ -250,9 +236,22 @@ impl Builder {
     pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
         contain("opening the store", || {
-            let db = self.redb().create_with_backend(backend)?;
-            Store::init(db, self.clone(), None)
+            self.open_storage(Arc::new(backend), None)
         })
+    }
+
+    /// Reads or writes the store's header, then opens redb on the part after the log.
+    fn open_storage(&self, storage: Shared, path: Option<PathBuf>) -> Result<Store> {
+        let region = layout::open(&storage, self.log_size)?;
+        let tail = Tail {
+            inner: Arc::clone(&storage),
+            start: region.redb_start(),
+        };
+        let db = self
+            .redb()
+            .create_with_backend(tail)
+            .map_err(redb_open_error)?;
+        Store::init(db, Opened { storage, region }, self.clone(), path)
     }
 
     fn redb(&self) -> redb::Builder {
@@ -266,7 +265,56 @@ impl Builder {
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }
+        if self.log_size < 16 << 10 || !self.log_size.is_multiple_of(4096) {
+            return invalid_config("log_size must be a multiple of 4096 bytes and at least 16 KiB");
+        }
         Ok(())
+    }
+}
+
+/// The storage a store was opened on, for its write-ahead log.
+pub(crate) struct Opened {
+    pub storage: Shared,
+    pub region: Region,
+}
+
+fn open_file(path: &Path) -> Result<Shared> {
+    // A new file is laid out by `layout::open`; an existing one cut to nothing must not silently
+    // come back empty (every retry would run again).
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        return Err(Error::NotAStore {
+            reason: format!(
+                "{} is empty (0 bytes); if it is a new file, delete it and the store will \
+                 create it",
+                path.display()
+            ),
+        });
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|err| Error::storage("opening the store file", err))?;
+    Ok(Arc::new(redb::backends::FileBackend::new(file)?))
+}
+
+fn redb_open_error(err: redb::DatabaseError) -> Error {
+    match err {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            Error::NotAStore {
+                reason: io.to_string(),
+            }
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Error::corrupted(format!("the file is truncated ({io})"))
+        }
+        other => other.into(),
     }
 }
 

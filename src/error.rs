@@ -85,7 +85,9 @@ pub enum Error {
 
     /// The storage engine or the operating system failed (I/O error, disk full, damaged file).
     /// A write call that fails this way may or may not have become durable: look the key up
-    /// before retrying. After a failed commit the store refuses writes until it is reopened.
+    /// before retrying. After a failed log write the next write call commits durably and
+    /// goes on if the disk has recovered; after a failed durable commit, redb refuses writes
+    /// until the store is reopened.
     #[error("storage failure while {context}")]
     Storage {
         /// What the store was doing.

@@ -85,6 +85,7 @@ mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
+mod layout;
 mod maintenance;
 mod ops;
 mod outcome;
@@ -94,6 +95,7 @@ mod record;
 mod store;
 mod sweep;
 mod wait;
+mod wal;
 
 pub use crate::admin::{ForceRelease, Records, StoredRecord};
 pub use crate::backend::IdempotencyStore;

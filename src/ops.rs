@@ -14,6 +14,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::outcome::{Claim, Lease, Replay};
 use crate::record::{Record, Response, State};
+use crate::wal::Change;
 
 /// Stored key → versioned record bytes.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
@@ -29,6 +30,8 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
 pub(crate) const META_RECORDS: &str = "record_count";
 pub(crate) const META_BYTES: &str = "record_bytes";
+/// The last write-ahead log entry that a durable commit covers (see `wal`).
+pub(crate) const META_LOG_SEQ: &str = "log_applied_seq";
 
 /// How many expired records a claim that finds the store full deletes before giving up.
 const ROOM_SWEEP: usize = 64;
@@ -212,11 +215,14 @@ pub(crate) fn decide(record: Option<Record>, fingerprint: Fingerprint, now: Time
     }
 }
 
-/// The two data tables, open in one write transaction, and their usage counters.
+/// The two data tables, open in one write transaction, their usage counters, and the changes
+/// made so far (for the write-ahead log). Every mutation goes through the methods below, so
+/// that none escapes the log.
 pub(crate) struct Tables<'txn> {
     pub records: Table<'txn, &'static [u8], &'static [u8]>,
     pub expiry: Table<'txn, (u64, &'static [u8]), ()>,
     pub usage: Usage,
+    pub changes: Vec<Change>,
 }
 
 impl Tables<'_> {
@@ -232,21 +238,43 @@ impl Tables<'_> {
         let bytes = record.encode(key.as_stored())?;
         let k = key.as_stored();
         if let Some(old) = old_expires_at.filter(|&old| old != record.expires_at) {
-            self.expiry.remove((old, k))?;
+            self.unindex(old, k)?;
         }
         self.expiry.insert((record.expires_at, k), ())?;
+        self.changes.push(Change::Index {
+            expires_at: record.expires_at,
+            key: k.to_vec(),
+        });
         let old = self
             .records
             .insert(k, bytes.as_slice())?
             .map(|v| v.value().len());
         self.usage.replaced(k.len(), bytes.len(), old);
+        self.changes.push(Change::Put {
+            key: k.to_vec(),
+            record: bytes,
+        });
         Ok(())
     }
 
     fn delete(&mut self, key: &[u8], expires_at: u64) -> Result<(), Fail> {
+        self.unindex(expires_at, key)?;
+        self.remove_record(key)
+    }
+
+    fn unindex(&mut self, expires_at: u64, key: &[u8]) -> Result<(), Fail> {
         self.expiry.remove((expires_at, key))?;
+        self.changes.push(Change::Unindex {
+            expires_at,
+            key: key.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn remove_record(&mut self, key: &[u8]) -> Result<(), Fail> {
         let old = self.records.remove(key)?.map(|v| v.value().len());
         self.usage.removed(key.len(), old);
+        self.changes.push(Change::Delete { key: key.to_vec() });
         Ok(())
     }
 
@@ -399,10 +427,15 @@ impl Tables<'_> {
             .expiry
             .extract_from_if(..(end, &[][..]), |_, ()| true)?
             .take(limit);
+        let mut victims = Vec::new();
         for entry in expired {
             taken += 1;
             let (index_key, _) = entry?;
             let (expires_at, key) = index_key.value();
+            self.changes.push(Change::Unindex {
+                expires_at,
+                key: key.to_vec(),
+            });
             // The index entry is the record's only if the times agree; the record itself is
             // then expired too. A disagreeing entry is stale and only the entry goes.
             let matches = match self.records.get(key)? {
@@ -412,10 +445,12 @@ impl Tables<'_> {
                 None => false,
             };
             if matches {
-                let old = self.records.remove(key)?.map(|v| v.value().len());
-                self.usage.removed(key.len(), old);
-                deleted += 1;
+                victims.push(key.to_vec());
             }
+        }
+        for key in &victims {
+            self.remove_record(key)?;
+            deleted += 1;
         }
         Ok(Done::Swept {
             deleted,

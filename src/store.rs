@@ -14,12 +14,13 @@ use crate::error::{Error, Result, contain};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::ops::{
-    Ctx, Decision, Done, EXPIRY, Fail, META, META_BYTES, META_CLOCK, META_FORMAT, META_NEXT_TOKEN,
-    META_RECORDS, Op, Quota, RECORDS, Tables, Usage, decide,
+    Ctx, Decision, Done, EXPIRY, Fail, META, META_BYTES, META_CLOCK, META_FORMAT, META_LOG_SEQ,
+    META_NEXT_TOKEN, META_RECORDS, Op, Quota, RECORDS, Tables, Usage, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
 use crate::record::{FORMAT_VERSION, Record, Response, State, check_size};
 use crate::wait::Waiters;
+use crate::wal::{self, Change, Counter, Log};
 
 /// A durable idempotency-key store in one redb file.
 ///
@@ -35,6 +36,8 @@ pub struct Store {
     path: Option<PathBuf>,
     committer: Committer,
     pub(crate) waiters: Waiters,
+    /// The write-ahead log; locked only by a holder of redb's write transaction.
+    log: parking_lot::Mutex<Log>,
     /// The highest time the store has used; the store's clock never goes below it.
     high_water: AtomicU64,
 }
@@ -63,8 +66,16 @@ impl Store {
         Builder::new()
     }
 
-    pub(crate) fn init(db: Database, config: Builder, path: Option<PathBuf>) -> Result<Store> {
-        let txn = db.begin_write()?;
+    /// Sets up the tables of a new store, or checks an existing one's, and replays the log
+    /// entries written after the last checkpoint; the commit that ends it is a checkpoint.
+    pub(crate) fn init(
+        db: Database,
+        opened: crate::config::Opened,
+        config: Builder,
+        path: Option<PathBuf>,
+    ) -> Result<Store> {
+        let mut txn = db.begin_write()?;
+        txn.set_quick_repair(config.durability == Durability::QuickRepair);
         let high_water = {
             let names: Vec<String> = txn
                 .list_tables()?
@@ -99,15 +110,24 @@ impl Store {
                     });
                 }
             }
-            stored(&meta, META_CLOCK)?.unwrap_or(0)
+            let applied = stored(&meta, META_LOG_SEQ)?.unwrap_or(0);
+            drop(meta);
+            let (log, entries) = wal::recover(opened.storage, opened.region, applied)?;
+            wal::redo(&txn, entries)?;
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_LOG_SEQ, log.last_seq())?;
+            (stored(&meta, META_CLOCK)?.unwrap_or(0), log)
         };
+        let (high_water, mut log) = high_water;
         txn.commit()?;
+        log.checkpointed();
         Ok(Store {
             db: Some(db),
             committer: Committer::new(config.max_batch),
             config,
             path,
             waiters: Waiters::default(),
+            log: parking_lot::Mutex::new(log),
             high_water: AtomicU64::new(high_water),
         })
     }
@@ -354,8 +374,8 @@ impl Store {
     }
 
     fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
-        let txn = self.begin_write()?;
-        let results = self.with_tables(&txn, |tables, ctx| {
+        let txn = self.db()?.begin_write()?;
+        let (results, changes) = self.with_tables(&txn, |tables, ctx| {
             let mut results = Vec::with_capacity(ops.len());
             for op in ops {
                 match tables.apply(ctx, op) {
@@ -366,25 +386,53 @@ impl Store {
             }
             Ok(results)
         })?;
-        txn.commit()?;
+        self.commit(txn, &changes)?;
         Ok(results)
     }
 
-    fn begin_write(&self) -> Result<WriteTransaction> {
-        let mut txn = self.db()?.begin_write()?;
-        if self.config.durability == Durability::QuickRepair {
-            txn.set_quick_repair(true);
+    /// Makes a batch durable: through the log and a commit without a sync, or, if the log
+    /// cannot take the batch (full, or a write failed), as a checkpoint.
+    fn commit(&self, mut txn: WriteTransaction, changes: &[Change]) -> Result<()> {
+        let mut log = self.log.lock();
+        let payload = wal::encode(changes)?;
+        if !log.takes(payload.len()) {
+            return self.commit_durably(txn, &mut log);
         }
-        Ok(txn)
+        if !changes.is_empty() {
+            log.append(&payload)?;
+        }
+        txn.set_durability(redb::Durability::None)
+            .map_err(|err| Error::storage("committing a batch", err))?;
+        txn.commit().map_err(|err| {
+            log.commit_failed();
+            Error::from(err)
+        })
+    }
+
+    /// Commits `txn` durably, recording that it covers every log entry so far, and starts the
+    /// log again.
+    fn commit_durably(&self, mut txn: WriteTransaction, log: &mut Log) -> Result<()> {
+        txn.set_quick_repair(self.config.durability == Durability::QuickRepair);
+        txn.open_table(META)?.insert(META_LOG_SEQ, log.last_seq())?;
+        match txn.commit() {
+            Ok(()) => {
+                log.checkpointed();
+                Ok(())
+            }
+            Err(err) => {
+                log.commit_failed();
+                Err(err.into())
+            }
+        }
     }
 
     /// Opens the data tables in `txn` with the counters from the meta table, runs `body`, and
-    /// writes back the counters it changed.
+    /// writes back the counters it changed. Returns `body`'s result and every change made.
     fn with_tables<T>(
         &self,
         txn: &WriteTransaction,
         body: impl FnOnce(&mut Tables<'_>, &mut Ctx) -> Result<T>,
-    ) -> Result<T> {
+    ) -> Result<(T, Vec<Change>)> {
         let mut meta = txn.open_table(META)?;
         let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
         let (first_token, stored_clock) = (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
@@ -396,6 +444,7 @@ impl Store {
             records: txn.open_table(RECORDS)?,
             expiry: txn.open_table(EXPIRY)?,
             usage,
+            changes: Vec::new(),
         };
         let mut ctx = Ctx {
             now: self.now(),
@@ -409,17 +458,23 @@ impl Store {
             },
         };
         let out = body(&mut tables, &mut ctx)?;
+        let mut changes = tables.changes;
+        let mut set = |counter: Counter, value| -> Result<()> {
+            meta.insert(counter.name(), value)?;
+            changes.push(Change::Counter { counter, value });
+            Ok(())
+        };
         if ctx.next_token != first_token {
-            meta.insert(META_NEXT_TOKEN, ctx.next_token)?;
+            set(Counter::NextToken, ctx.next_token)?;
         }
         if ctx.now.as_millis() > stored_clock {
-            meta.insert(META_CLOCK, ctx.now.as_millis())?;
+            set(Counter::Clock, ctx.now.as_millis())?;
         }
         if tables.usage != usage {
-            meta.insert(META_RECORDS, tables.usage.records)?;
-            meta.insert(META_BYTES, tables.usage.bytes)?;
+            set(Counter::Records, tables.usage.records)?;
+            set(Counter::Bytes, tables.usage.bytes)?;
         }
-        Ok(out)
+        Ok((out, changes))
     }
 
     /// Runs `read` in a read transaction of the store's file, for the caller's own tables
@@ -496,7 +551,7 @@ impl Store {
     {
         self.check_size(response.size())?;
         let txn = contain("completing with an effect", || {
-            let txn = self.begin_write()?;
+            let txn = self.db()?.begin_write()?;
             self.with_tables(&txn, |tables, ctx| {
                 tables
                     .held(&lease.key, lease.token, ctx.now)
@@ -516,8 +571,8 @@ impl Store {
             self.with_tables(&txn, |tables, ctx| {
                 tables.apply(ctx, op).map_err(Fail::into_error)
             })?;
-            txn.commit()?;
-            Ok(())
+            // The effect's writes are not in the log, so this commit must be durable itself.
+            self.commit_durably(txn, &mut self.log.lock())
         })?;
         self.waiters.wake(&lease.key);
         Ok(Ok(()))
@@ -527,6 +582,11 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         if let Some(db) = self.db.take() {
+            // A last checkpoint, so that the next open has no log to replay.
+            let _ = contain("closing the store", || {
+                let txn = db.begin_write()?;
+                self.commit_durably(txn, &mut self.log.lock())
+            });
             // redb's drop saves the allocator state and can panic on a damaged file; the error
             // is already reported by the call that met the damage.
             let _ = contain("closing the store", || {

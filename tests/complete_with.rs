@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idempotency_store::redb::{self, ReadableDatabase, ReadableTableMetadata};
+use idempotency_store::redb::{self, ReadableTableMetadata};
 use idempotency_store::{Claim, Error, Fingerprint, Key, Lease, Response, Result, Store};
 
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
@@ -24,12 +24,15 @@ fn charge(
     Ok(())
 }
 
-/// Ledger rows, read through a second handle on the same file is not possible (redb locks
-/// it), so the test keeps the ledger in the store's own file and reads it after reopening.
+/// Ledger rows, read after reopening the store (what survived is what a restart sees).
 fn ledger_rows(path: &std::path::Path) -> u64 {
-    let db = redb::Database::open(path).expect("reopen for the ledger");
-    let txn = db.begin_read().expect("read");
-    txn.open_table(LEDGER).map_or(0, |t| t.len().expect("len"))
+    let store = Store::open(path).expect("reopen for the ledger");
+    store
+        .read_with(|txn| {
+            Ok::<u64, redb::Error>(txn.open_table(LEDGER).map_or(0, |t| t.len().expect("len")))
+        })
+        .expect("read")
+        .expect("ledger")
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! and never a wrong replay.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -11,6 +12,54 @@ use redb::ReadableTable;
 const RECORDS: redb::TableDefinition<&[u8], &[u8]> =
     redb::TableDefinition::new("idempotency_records");
 const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("idempotency_meta");
+
+/// The redb database inside a closed store file, for tests that damage it on purpose. A store
+/// file is a 4 KiB header, the write-ahead log (its length is in the header at bytes 22..30),
+/// then redb's file.
+fn raw_redb(path: &Path) -> redb::Database {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open");
+    let mut header = [0u8; 30];
+    file.read_exact_at(&mut header, 0).expect("header");
+    let log_len = u64::from_le_bytes(header[22..30].try_into().expect("8 bytes"));
+    redb::Builder::new()
+        .create_with_backend(Inner {
+            file,
+            start: 4096 + log_len,
+        })
+        .expect("the redb inside the store")
+}
+
+#[derive(Debug)]
+struct Inner {
+    file: std::fs::File,
+    start: u64,
+}
+
+impl redb::StorageBackend for Inner {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.file.metadata()?.len() - self.start)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.file.read_exact_at(out, offset + self.start)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.file.set_len(len + self.start)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.file.write_all_at(data, offset + self.start)
+    }
+}
 
 fn fp(i: usize) -> Fingerprint {
     Fingerprint::of([format!("req-{i}")])
@@ -73,7 +122,7 @@ fn a_file_that_is_not_a_database_is_refused() {
 }
 
 #[test]
-fn a_redb_database_without_our_tables_is_refused() -> Result<()> {
+fn a_plain_redb_database_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("other.redb");
     {
@@ -83,9 +132,70 @@ fn a_redb_database_without_our_tables_is_refused() -> Result<()> {
             .expect("table");
         txn.commit().expect("commit");
     }
+    let before = std::fs::read(&path).expect("read");
     let err = Store::open(&path).expect_err("someone else's database");
     assert!(
+        matches!(&err, Error::NotAStore { reason } if reason.contains("plain redb database")),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        before,
+        "the file was modified"
+    );
+}
+
+#[test]
+fn a_store_file_holding_other_tables_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 1)?;
+    {
+        let db = raw_redb(&path);
+        let txn = db.begin_write().expect("txn");
+        for table in [
+            "idempotency_records",
+            "idempotency_expiry",
+            "idempotency_meta",
+        ] {
+            assert!(
+                txn.delete_table(redb::TableDefinition::<&str, u64>::new(table))
+                    .expect("delete")
+            );
+        }
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("users"))
+            .expect("table");
+        txn.commit().expect("commit");
+    }
+    let err = Store::open(&path).expect_err("someone else's tables");
+    assert!(
         matches!(&err, Error::NotAStore { reason } if reason.contains("users")),
+        "{err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_header_of_a_newer_layout_or_failing_its_checksum_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 1)?;
+    let original = std::fs::read(&path).expect("read");
+    let mut newer = original.clone();
+    newer[18] = 2;
+    // A valid checksum over the changed header, as a later release would write it.
+    let sum = blake3::hash(&newer[..30]);
+    newer[30..38].copy_from_slice(&sum.as_bytes()[..8]);
+    std::fs::write(&path, &newer).expect("write");
+    let err = Store::open(&path).expect_err("layout 2");
+    assert!(
+        matches!(&err, Error::NotAStore { reason } if reason.contains("layout version 2")),
+        "{err:?}"
+    );
+    let mut flipped = original;
+    flipped[25] ^= 0x10;
+    std::fs::write(&path, &flipped).expect("write");
+    let err = Store::open(&path).expect_err("flipped header");
+    assert!(
+        matches!(&err, Error::Corrupted { reason } if reason.contains("header")),
         "{err:?}"
     );
     Ok(())
@@ -96,7 +206,7 @@ fn a_store_of_a_newer_format_is_refused() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 1)?;
     {
-        let db = redb::Database::create(&path).expect("redb");
+        let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         txn.open_table(META)
             .expect("meta")
@@ -119,7 +229,7 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
     let key = Key::new("key-0")?;
     {
         // Rewrite key-0's record as version 2 with a valid checksum, as a future release might.
-        let db = redb::Database::create(&path).expect("redb");
+        let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         {
             let mut table = txn.open_table(RECORDS).expect("records");
@@ -316,7 +426,7 @@ fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
     }
     {
         // 300 index entries older than every record, pointing at nothing.
-        let db = redb::Database::create(&path).expect("redb");
+        let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         {
             let expiry: redb::TableDefinition<(u64, &[u8]), ()> =

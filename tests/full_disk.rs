@@ -34,7 +34,7 @@ fn mount_tmpfs<'a>(dir: &'a Path, size: &str) -> std::result::Result<Mount<'a>, 
 #[test]
 fn a_full_disk_fails_calls_cleanly_and_loses_nothing_acknowledged() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let _mount = match mount_tmpfs(dir.path(), "4m") {
+    let _mount = match mount_tmpfs(dir.path(), "8m") {
         Ok(mount) => mount,
         Err(why) if std::env::var_os("CI").is_some() && cfg!(target_os = "linux") => {
             panic!("CI runs as root and must be able to mount a tmpfs: {why}")
@@ -63,7 +63,7 @@ fn a_full_disk_fails_calls_cleanly_and_loses_nothing_acknowledged() -> Result<()
             }
             acknowledged.push(key);
             i += 1;
-            assert!(i < 100_000, "the 4 MiB disk never filled up");
+            assert!(i < 100_000, "the 8 MiB disk never filled up");
         }
     };
     println!(

@@ -404,12 +404,40 @@ fn invalid_configuration_is_refused() {
         Store::builder().max_key_len(0).clone(),
         Store::builder().max_key_len(256).clone(),
         Store::builder().max_batch(0).clone(),
+        Store::builder().log_size(8 << 10).clone(),
+        Store::builder().log_size((64 << 10) + 1).clone(),
     ] {
         assert!(matches!(
             builder.open_in_memory(),
             Err(Error::InvalidConfig { .. })
         ));
     }
+}
+
+/// Whatever the log size, including batches bigger than the whole log (which then commit
+/// durably into the database instead), every result survives a reopen.
+#[test]
+fn a_small_log_checkpoints_and_loses_nothing() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("small-log.redb");
+    let open = || Store::builder().log_size(16 << 10).open(&path);
+    let body = |i: usize| vec![i as u8; if i.is_multiple_of(10) { 40 << 10 } else { 300 }];
+    {
+        let store = open()?;
+        for i in 0..200 {
+            let lease = acquire(&store, &Key::new(&format!("k{i}"))?, fp("a"));
+            store.complete(&lease, Response::new(200, body(i)))?;
+        }
+    }
+    let store = open()?;
+    for i in 0..200 {
+        match store.claim(&Key::new(&format!("k{i}"))?, fp("a"))? {
+            Claim::Completed(replay) => assert_eq!(replay.response.body, body(i), "k{i}"),
+            other => panic!("k{i}: {other:?}"),
+        }
+    }
+    assert!(store.verify()?.is_clean());
+    Ok(())
 }
 
 #[test]

@@ -121,8 +121,14 @@ impl redb::StorageBackend for SimBackend {
     fn sync_data(&self) -> std::io::Result<()> {
         let mut disk = self.disk();
         disk.tick()?;
-        disk.durable = disk.live.clone();
-        disk.pending.clear();
+        // durable + every pending write = live; applying them is cheaper than a copy of live.
+        let pending = std::mem::take(&mut disk.pending);
+        for write in pending {
+            match write {
+                Pending::Data(offset, data) => apply(&mut disk.durable, offset, &data),
+                Pending::Len(len) => disk.durable.resize(len as usize, 0),
+            }
+        }
         Ok(())
     }
 
@@ -152,6 +158,9 @@ fn open(backend: SimBackend, clock: &ManualClock, durability: Durability) -> Res
         .lease(Duration::from_secs(30))
         .durability(durability)
         .max_batch(16)
+        // A small log, so that checkpoints (durable redb commits) happen every few dozen
+        // batches and the cuts land in them as well as in log writes.
+        .log_size(32 << 10)
         .clock(clock.clone())
         .open_with_backend(backend)
 }
