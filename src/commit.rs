@@ -110,7 +110,11 @@ impl Committer {
             slots,
         };
         let results = run(ops);
-        for (slot, result) in handoff.slots.drain(..).zip(results) {
+        // The next batch starts before this one's callers are woken: waking dozens of threads
+        // takes the old leader a while, and the disk would sit idle meanwhile.
+        let slots = std::mem::take(&mut handoff.slots);
+        drop(handoff);
+        for (slot, result) in slots.into_iter().zip(results) {
             slot.set(Turn::Done(result));
         }
     }
