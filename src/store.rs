@@ -394,12 +394,8 @@ impl Store {
     /// cannot take the batch (full, or a write failed), as a checkpoint.
     fn commit(&self, mut txn: WriteTransaction, changes: &[Change]) -> Result<()> {
         let mut log = self.log.lock();
-        let payload = wal::encode(changes)?;
-        if !log.takes(payload.len()) {
+        if !changes.is_empty() && !log.append(changes)? {
             return self.commit_durably(txn, &mut log);
-        }
-        if !changes.is_empty() {
-            log.append(&payload)?;
         }
         txn.set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("committing a batch", err))?;
