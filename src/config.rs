@@ -265,7 +265,7 @@ impl Builder {
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }
-        if self.log_size < 16 << 10 || !self.log_size.is_multiple_of(4096) {
+        if self.log_size < layout::MIN_LOG_LEN || !self.log_size.is_multiple_of(4096) {
             return invalid_config("log_size must be a multiple of 4096 bytes and at least 16 KiB");
         }
         Ok(())

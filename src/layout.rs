@@ -29,6 +29,9 @@ pub(crate) const HEADER_LEN: u64 = 4096;
 /// The default log region of a new file. 4 MiB holds thousands of operations between
 /// checkpoints.
 pub(crate) const DEFAULT_LOG_LEN: u64 = 4 << 20;
+/// The log sizes a header may name (`Builder::log_size` checks the same lower bound).
+pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;
+const MAX_LOG_LEN: u64 = 1 << 40;
 /// redb's own magic number, to name a plain redb file when we meet one.
 const REDB_MAGIC: &[u8; 9] = b"redb\x1A\x0A\xA9\x0D\x0A";
 
@@ -81,8 +84,13 @@ pub(crate) fn open(storage: &Shared, log_len: u64) -> Result<Region> {
             ),
         });
     }
+    if !(MIN_LOG_LEN..=MAX_LOG_LEN).contains(&log_len) || !log_len.is_multiple_of(4096) {
+        return Err(Error::corrupted(format!(
+            "the header's log size {log_len} is out of range"
+        )));
+    }
     let region = Region { log_len };
-    if log_len == 0 || len < region.redb_start() {
+    if len < region.redb_start() {
         return Err(Error::corrupted(format!(
             "the file is truncated: {len} bytes, but its log alone ends at {}",
             HEADER_LEN.saturating_add(log_len)

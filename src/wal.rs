@@ -250,7 +250,6 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
 #[doc(hidden)]
 pub fn fuzz_log_replay(data: &[u8]) {
     use crate::layout::{HEADER_LEN, MIN_LOG_LEN, Tail};
-    use redb::StorageBackend;
     let storage: Shared = std::sync::Arc::new(redb::backends::InMemoryBackend::new());
     let backend = || Tail {
         inner: std::sync::Arc::clone(&storage),

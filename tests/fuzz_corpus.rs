@@ -99,3 +99,10 @@ fn key_corpus() {
 fn store_ops_corpus() {
     run("store_ops", reference::run_ops, 1_000, 100);
 }
+
+/// Log entries replayed at open (each input opens a store twice): the decoder and redo meet
+/// arbitrary changes.
+#[test]
+fn log_replay_corpus() {
+    run("log_replay", idempotency_store::fuzz_log_replay, 1_000, 200);
+}
