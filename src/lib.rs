@@ -64,8 +64,11 @@
 //!
 //! # Layout
 //!
-//! One redb file with three tables: records (stored key → versioned record), an expiry index
-//! (`(expires_at, key)`) and metadata. `docs/design.md` in the repository has the details.
+//! One file: a small header, a write-ahead log (each write batch appends one checksummed entry
+//! and syncs it; when the log is full, a batch commits durably into the database and the log
+//! starts over), then a redb database with three tables: records (stored key → versioned
+//! record), an expiry index (`(expires_at, key)`) and metadata. The file is not a plain redb
+//! file; open it with this crate. `docs/design.md` in the repository has the details.
 //!
 //! [redb]: https://docs.rs/redb
 #![forbid(unsafe_code)]
@@ -119,3 +122,5 @@ pub use redb;
 pub use crate::key::fuzz_key;
 #[doc(hidden)]
 pub use crate::record::fuzz_decode_record;
+#[doc(hidden)]
+pub use crate::wal::fuzz_log_replay;
