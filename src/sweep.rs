@@ -11,11 +11,13 @@ use crate::ops::{Done, Op};
 use crate::store::{Store, misrouted};
 
 /// How many expired records one `sweep_all` transaction deletes. Expired keys are scattered
-/// through the records table, so each deletion dirties a page of its own: 1,024 took about
-/// 3 ms on the benchmark machine, 128 about 0.4 ms. A claim queued behind a sweep waits for at
-/// most one such transaction (sweeps never share a batch), so this bounds the sweep's effect
-/// on claim latency.
-const SWEEP_BATCH: usize = 128;
+/// through the records table, so each deletion dirties a page of its own. A claim queued behind
+/// a sweep waits for at most one such transaction (sweeps never share a batch), so this bounds
+/// the sweep's effect on claim latency. Measured with 10^6 expired records (BENCHMARKS.md):
+/// claim p99 during the sweep was 3.35x its value without at 128 (median of 3; the write-ahead
+/// log made claims without a sweep faster, and so the ratio worse), 1.83x at 64 and 1.96x at
+/// 32 (one run each).
+const SWEEP_BATCH: usize = 64;
 
 impl Store {
     /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
@@ -38,7 +40,7 @@ impl Store {
         }
     }
 
-    /// Deletes every expired record, in transactions of 128 so that other writers get the
+    /// Deletes every expired record, in transactions of 64 so that other writers get the
     /// writer between them. Returns the total deleted.
     ///
     /// # Errors
