@@ -125,6 +125,20 @@ impl Error {
     }
 }
 
+thread_local! {
+    /// Panics `contain` caught on this thread: fuzz targets that never damage redb's own
+    /// pages check that none happened, since a contained panic of ours would otherwise pass
+    /// for an error.
+    static CONTAINED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many panics the store has caught and turned into errors on this thread. For the fuzz
+/// targets, which must not meet any where redb's pages are intact.
+#[doc(hidden)]
+pub fn contained_panics() -> u64 {
+    CONTAINED.with(std::cell::Cell::get)
+}
+
 /// Runs `f`, turning a panic inside the storage engine into [`Error::Corrupted`].
 ///
 /// redb 4.6 panics on some damaged files (for example "Malformed allocator state" when it loads
@@ -132,6 +146,7 @@ impl Error {
 /// never take the caller's thread down, so every entry into redb goes through here.
 pub(crate) fn contain<T>(what: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        CONTAINED.with(|n| n.set(n.get() + 1));
         let message = payload
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())

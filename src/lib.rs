@@ -119,6 +119,8 @@ pub use crate::sweep::Sweeper;
 pub use redb;
 
 #[doc(hidden)]
+pub use crate::error::contained_panics;
+#[doc(hidden)]
 pub use crate::key::fuzz_key;
 #[doc(hidden)]
 pub use crate::record::fuzz_decode_record;

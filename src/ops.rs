@@ -338,7 +338,12 @@ impl Tables<'_> {
             }
         };
         let token = ctx.next_token;
-        ctx.next_token += 1;
+        // Only a damaged counter gets here: 2^64 claims would take millennia.
+        ctx.next_token = token.checked_add(1).ok_or_else(|| {
+            Fail::Op(Error::corrupted(
+                "the fencing-token counter is exhausted (damaged metadata)",
+            ))
+        })?;
         let lease_until = ctx.now.plus(ctx.lease_ms).as_millis();
         let record = Record {
             fingerprint,

@@ -829,7 +829,15 @@ pub fn decode_steps(data: &[u8]) -> Vec<Step> {
 /// in-memory store that reopens, panicking on any disagreement with the model.
 pub fn run_ops(data: &[u8]) {
     let steps = decode_steps(data);
+    let contained = idempotency_store::contained_panics();
     if let Err(failure) = run_in_memory(&steps) {
         panic!("store and model disagree: {failure}\nsteps: {steps:#?}");
     }
+    // The memory disk never damages a page, so a panic the store turned into an error was a
+    // bug of ours (or redb's), not damage.
+    assert_eq!(
+        idempotency_store::contained_panics(),
+        contained,
+        "a panic was contained\nsteps: {steps:#?}"
+    );
 }
