@@ -166,7 +166,8 @@ pub(crate) struct Usage {
 impl Usage {
     pub(crate) fn replaced(&mut self, key: usize, new: usize, old: Option<usize>) {
         self.removed(key, old);
-        self.records += 1;
+        // Saturating: a damaged counter must not overflow (verify reports the mismatch).
+        self.records = self.records.saturating_add(1);
         self.bytes = self.bytes.saturating_add((key + new) as u64);
     }
 

@@ -88,7 +88,7 @@ impl Log {
             return Ok(false);
         }
         let seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = next(seq)?;
         entry[4..12].copy_from_slice(&seq.to_le_bytes());
         let sum = entry_checksum(entry);
         entry[12..20].copy_from_slice(&sum);
@@ -142,6 +142,13 @@ impl Log {
     }
 }
 
+/// The sequence number after `seq`; only a damaged `log_applied_seq` can run out of them.
+fn next(seq: u64) -> Result<u64> {
+    seq.checked_add(1).ok_or_else(|| {
+        Error::corrupted("the log's sequence number is exhausted (damaged metadata)")
+    })
+}
+
 fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {
     let mut entry = Vec::with_capacity(ENTRY_HEADER as usize + payload.len());
     entry.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -172,7 +179,7 @@ pub(crate) fn recover(
         storage,
         region,
         pos: 0,
-        next_seq: applied + 1,
+        next_seq: next(applied)?,
         healthy: true,
         buf: Vec::new(),
     };
@@ -185,7 +192,7 @@ pub(crate) fn recover(
             ))
         })?;
         entries.push(changes);
-        log.next_seq += 1;
+        log.next_seq = next(log.next_seq)?;
     }
     Ok((log, entries))
 }
@@ -346,6 +353,13 @@ mod tests {
         let (log, found) = recover(storage, region, 3).expect("recover");
         assert_eq!(found, vec![put(4)]);
         assert_eq!(log.last_seq(), 4);
+    }
+
+    #[test]
+    fn an_exhausted_sequence_number_is_corruption_not_an_overflow() {
+        let (storage, region) = storage();
+        let err = recover(storage, region, u64::MAX).expect_err("no number after u64::MAX");
+        assert!(matches!(err, Error::Corrupted { .. }), "{err:?}");
     }
 
     #[test]
