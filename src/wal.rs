@@ -24,6 +24,9 @@ use crate::layout::{Region, Shared};
 use crate::ops::{EXPIRY, META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS, RECORDS};
 
 const ENTRY_HEADER: u64 = 20;
+/// The largest entry buffer kept between batches; a batch of large responses gets a buffer of
+/// its own that is then dropped.
+const KEEP_BUFFER: usize = 1 << 20;
 
 /// One change a batch made to the tables, with the bytes it wrote: redo decides nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,19 +88,23 @@ impl Log {
         self.encode(changes)?;
         let entry = &mut self.buf;
         if !self.healthy || self.pos + entry.len() as u64 > self.region.log_len {
+            if entry.capacity() > KEEP_BUFFER {
+                self.buf = Vec::new();
+            }
             return Ok(false);
         }
         let seq = self.next_seq;
         self.next_seq = next(seq)?;
-        entry[4..12].copy_from_slice(&seq.to_le_bytes());
-        let sum = entry_checksum(entry);
-        entry[12..20].copy_from_slice(&sum);
+        seal(entry, seq);
         let offset = self.region.log_start() + self.pos;
         self.pos += entry.len() as u64;
         let written = self
             .storage
             .write(offset, entry)
             .and_then(|()| self.storage.sync_data());
+        if self.buf.capacity() > KEEP_BUFFER {
+            self.buf = Vec::new();
+        }
         match written {
             Ok(()) => Ok(true),
             Err(err) => {
@@ -129,8 +136,9 @@ impl Log {
         Ok(())
     }
 
-    /// The redb commit after a log write failed: the entry is durable but the tables do not
-    /// show it until a reopen replays it; a checkpoint first makes it dead.
+    /// The batch's redb commit failed after its entry was written: the entry is durable, but
+    /// the tables do not show it (a reopen would replay it). The next batch checkpoints, which
+    /// retires the entry.
     pub(crate) fn commit_failed(&mut self) {
         self.healthy = false;
     }
@@ -149,15 +157,21 @@ fn next(seq: u64) -> Result<u64> {
     })
 }
 
+/// An entry with `payload`, sealed as number `seq` (for the fuzz entry point).
 fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {
     let mut entry = Vec::with_capacity(ENTRY_HEADER as usize + payload.len());
     entry.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    entry.extend_from_slice(&seq.to_le_bytes());
-    entry.extend_from_slice(&[0; 8]);
+    entry.extend_from_slice(&[0; 16]);
     entry.extend_from_slice(payload);
-    let sum = entry_checksum(&entry);
-    entry[12..20].copy_from_slice(&sum);
+    seal(&mut entry, seq);
     entry
+}
+
+/// Writes the sequence number and the checksum into an entry whose length field is set.
+fn seal(entry: &mut [u8], seq: u64) {
+    entry[4..12].copy_from_slice(&seq.to_le_bytes());
+    let sum = entry_checksum(entry);
+    entry[12..20].copy_from_slice(&sum);
 }
 
 fn entry_checksum(entry: &[u8]) -> [u8; 8] {
