@@ -22,7 +22,7 @@ use crate::record::{FORMAT_VERSION, Record, Response, State, check_size};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Counter, Log};
 
-/// A durable idempotency-key store in one redb file.
+/// A durable idempotency-key store in one file (a write-ahead log and a redb database).
 ///
 /// `Store` is `Send + Sync`: share one per file (for example in an `Arc`) across all request
 /// threads. Reads ([`lookup`](Store::lookup), and claims that only replay or reject) run in
