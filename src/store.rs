@@ -15,10 +15,10 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::ops::{
     Ctx, Decision, Done, EXPIRY, Fail, META, META_BYTES, META_CLOCK, META_FORMAT, META_LOG_SEQ,
-    META_NEXT_TOKEN, META_RECORDS, Op, Quota, RECORDS, Tables, Usage, decide,
+    META_NEXT_TOKEN, META_RECORDS, Op, Quota, RECORDS, STORE_FORMAT, Tables, Usage, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
-use crate::record::{FORMAT_VERSION, Record, Response, State, check_size};
+use crate::record::{Record, Response, State, check_size};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Counter, Log};
 
@@ -97,15 +97,15 @@ impl Store {
             };
             match stored(&meta, META_FORMAT)? {
                 None => {
-                    meta.insert(META_FORMAT, u64::from(FORMAT_VERSION))?;
+                    meta.insert(META_FORMAT, STORE_FORMAT)?;
                     meta.insert(META_NEXT_TOKEN, 1)?;
                 }
-                Some(v) if v == u64::from(FORMAT_VERSION) => {}
+                Some(STORE_FORMAT) => {}
                 Some(v) => {
                     return Err(Error::NotAStore {
                         reason: format!(
                             "store format version {v} is not supported (this build reads \
-                             version {FORMAT_VERSION})"
+                             version {STORE_FORMAT})"
                         ),
                     });
                 }

@@ -258,6 +258,36 @@ fn sweep_deletes_only_expired_records_in_bounded_batches() -> Result<()> {
     Ok(())
 }
 
+/// The expiry index groups records by the whole second they fall due in; records of the
+/// current second must still be swept exactly when they expire, not before and not a second
+/// late, and a sweep must not spin on the ones that have not.
+#[test]
+fn sweep_takes_records_of_the_current_second_exactly_when_they_expire() -> Result<()> {
+    let (store, clock) = store()?;
+    // Completed 300 ms apart inside one second: they expire 300 ms apart in one due second.
+    clock.advance(Duration::from_millis(100));
+    let first = Key::new("first")?;
+    let lease = acquire(&store, &first, fp("a"));
+    store.complete(&lease, Response::new(200, "1"))?;
+    clock.advance(Duration::from_millis(300));
+    let second = Key::new("second")?;
+    let lease = acquire(&store, &second, fp("a"));
+    store.complete(&lease, Response::new(200, "2"))?;
+    clock.advance(RETENTION - Duration::from_millis(301));
+    assert_eq!(store.sweep_all()?, 0, "nothing has expired yet");
+    clock.advance(Duration::from_millis(1));
+    assert!(store.lookup(&first)?.is_none());
+    assert_eq!(store.sweep_all()?, 1, "the first record expired just now");
+    assert!(store.lookup(&second)?.is_some());
+    assert_eq!(store.sweep(10)?, 0, "the second is due in 300 ms");
+    clock.advance(Duration::from_millis(300));
+    assert_eq!(store.sweep_all()?, 1);
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!((report.records, report.expiry_entries), (0, 0));
+    Ok(())
+}
+
 #[test]
 fn lookup_reports_the_record_view() -> Result<()> {
     let (store, _) = store()?;
