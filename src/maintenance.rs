@@ -4,7 +4,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::{Result, contain};
 use crate::key::Key;
-use crate::ops::{EXPIRY, META, META_BYTES, META_NEXT_TOKEN, META_RECORDS, RECORDS, due};
+use crate::ops::{EXPIRY, RECORDS, due};
 use crate::record::{Record, State};
 use crate::store::Store;
 
@@ -57,13 +57,16 @@ impl Store {
     }
 
     fn walk(&self) -> Result<VerifyReport> {
-        let txn = self.db()?.begin_read()?;
+        // The counters live in memory between checkpoints; taken under the writer lock, they
+        // match the snapshot exactly.
+        let (txn, counters) = {
+            let writer = self.writer.lock();
+            (self.db()?.begin_read()?, writer.counters)
+        };
         let records = txn.open_table(RECORDS)?;
         let expiry = txn.open_table(EXPIRY)?;
-        let meta = txn.open_table(META)?;
-        let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
-        let next_token = stored(META_NEXT_TOKEN)?;
-        let counted = (stored(META_RECORDS)?, stored(META_BYTES)?);
+        let next_token = counters.next_token;
+        let counted = (counters.usage.records, counters.usage.bytes);
         let mut actual = (0u64, 0u64);
         let mut report = VerifyReport::default();
         for entry in records.iter()? {

@@ -14,7 +14,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::outcome::{Claim, Lease, Replay};
 use crate::record::{Record, Response, State};
-use crate::wal::Change;
+use crate::wal::{Change, Counter};
 
 /// Stored key → versioned record bytes.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
@@ -199,6 +199,62 @@ impl Usage {
             self.records = self.records.saturating_sub(1);
             self.bytes = self.bytes.saturating_sub((key + old) as u64);
         }
+    }
+}
+
+/// The counters of the meta table. They live in memory between checkpoints: a batch logs
+/// the ones it changes (`Change::Counter`) and only a checkpoint writes them to the table, so
+/// that most commits leave the meta table out (a tree fewer to rewrite per commit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub next_token: u64,
+    /// The clock's high-water mark (ms).
+    pub clock: u64,
+    pub usage: Usage,
+}
+
+impl Counters {
+    pub(crate) fn load(meta: &Table<'_, &'static str, u64>) -> Result<Counters, Error> {
+        let stored = |k| -> Result<u64, Error> {
+            Ok(meta
+                .get(k)
+                .map_err(|e| from_storage("reading the metadata", e))?
+                .map_or(0, |v| v.value()))
+        };
+        Ok(Counters {
+            next_token: stored(META_NEXT_TOKEN)?.max(1),
+            clock: stored(META_CLOCK)?,
+            usage: Usage {
+                records: stored(META_RECORDS)?,
+                bytes: stored(META_BYTES)?,
+            },
+        })
+    }
+
+    pub(crate) fn save(&self, meta: &mut Table<'_, &'static str, u64>) -> Result<(), Error> {
+        for (counter, value) in self.values() {
+            meta.insert(counter.name(), value)
+                .map_err(|e| from_storage("writing the metadata", e))?;
+        }
+        Ok(())
+    }
+
+    /// The changes that turn `before` into `self`, for the log.
+    pub(crate) fn changes_since(&self, before: &Counters) -> impl Iterator<Item = Change> {
+        self.values()
+            .into_iter()
+            .zip(before.values())
+            .filter(|(now, then)| now != then)
+            .map(|((counter, value), _)| Change::Counter { counter, value })
+    }
+
+    fn values(&self) -> [(Counter, u64); 4] {
+        [
+            (Counter::NextToken, self.next_token),
+            (Counter::Clock, self.clock),
+            (Counter::Records, self.usage.records),
+            (Counter::Bytes, self.usage.bytes),
+        ]
     }
 }
 

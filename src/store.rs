@@ -14,13 +14,13 @@ use crate::error::{Error, Result, contain};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::ops::{
-    Ctx, Decision, Done, EXPIRY, Fail, META, META_BYTES, META_CLOCK, META_FORMAT, META_LOG_SEQ,
-    META_NEXT_TOKEN, META_RECORDS, Op, Quota, RECORDS, STORE_FORMAT, Tables, Usage, decide,
+    Counters, Ctx, Decision, Done, EXPIRY, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN,
+    Op, Quota, RECORDS, STORE_FORMAT, Tables, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
 use crate::record::{Record, Response, State, check_size};
 use crate::wait::Waiters;
-use crate::wal::{self, Change, Counter, Log};
+use crate::wal::{self, Change, Log};
 
 /// A durable idempotency-key store in one file (a write-ahead log and a redb database).
 ///
@@ -36,10 +36,18 @@ pub struct Store {
     path: Option<PathBuf>,
     committer: Committer,
     pub(crate) waiters: Waiters,
-    /// The write-ahead log; locked only by a holder of redb's write transaction.
-    log: parking_lot::Mutex<Log>,
+    /// The log and the counters; locked by the holder of redb's write transaction for as long
+    /// as it holds it.
+    pub(crate) writer: parking_lot::Mutex<Writer>,
     /// The highest time the store has used; the store's clock never goes below it.
     high_water: AtomicU64,
+}
+
+/// What the holder of redb's write transaction works with besides the tables.
+pub(crate) struct Writer {
+    log: Log,
+    /// The meta table's counters as of the last commit (see `Counters`).
+    pub(crate) counters: Counters,
 }
 
 impl std::fmt::Debug for Store {
@@ -76,7 +84,7 @@ impl Store {
     ) -> Result<Store> {
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(config.durability == Durability::QuickRepair);
-        let high_water = {
+        let mut writer = {
             let names: Vec<String> = txn
                 .list_tables()?
                 .map(|t| t.name().to_owned())
@@ -116,18 +124,21 @@ impl Store {
             wal::redo(&txn, entries)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
-            (stored(&meta, META_CLOCK)?.unwrap_or(0), log)
+            Writer {
+                log,
+                counters: Counters::load(&meta)?,
+            }
         };
-        let (high_water, mut log) = high_water;
         txn.commit()?;
-        log.checkpointed();
+        writer.log.checkpointed();
+        let high_water = writer.counters.clock;
         Ok(Store {
             db: Some(db),
             committer: Committer::new(config.max_batch),
             config,
             path,
             waiters: Waiters::default(),
-            log: parking_lot::Mutex::new(log),
+            writer: parking_lot::Mutex::new(writer),
             high_water: AtomicU64::new(high_water),
         })
     }
@@ -375,78 +386,92 @@ impl Store {
 
     fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
         let txn = self.db()?.begin_write()?;
-        let (results, changes) = self.with_tables(&txn, |tables, ctx| {
-            let mut results = Vec::with_capacity(ops.len());
-            for op in ops {
-                match tables.apply(ctx, op) {
-                    Ok(done) => results.push(Ok(done)),
-                    Err(Fail::Op(err)) => results.push(Err(err)),
-                    Err(Fail::Batch(err)) => return Err(err),
+        let mut writer = self.writer.lock();
+        let (results, counters, changes) =
+            self.with_tables(&txn, writer.counters, |tables, ctx| {
+                let mut results = Vec::with_capacity(ops.len());
+                for op in ops {
+                    match tables.apply(ctx, op) {
+                        Ok(done) => results.push(Ok(done)),
+                        Err(Fail::Op(err)) => results.push(Err(err)),
+                        Err(Fail::Batch(err)) => return Err(err),
+                    }
                 }
-            }
-            Ok(results)
-        })?;
-        self.commit(txn, &changes)?;
+                Ok(results)
+            })?;
+        self.commit(txn, &mut writer, &changes, counters)?;
         Ok(results)
     }
 
     /// Makes a batch durable: through the log and a commit without a sync, or, if the log
-    /// cannot take the batch (full, or a write failed), as a checkpoint.
-    fn commit(&self, mut txn: WriteTransaction, changes: &[Change]) -> Result<()> {
-        let mut log = self.log.lock();
-        if !changes.is_empty() && !log.append(changes)? {
-            return self.commit_durably(txn, &mut log);
+    /// cannot take the batch (full, or a write failed), as a checkpoint. The batch's
+    /// `counters` become the store's once it is durable.
+    fn commit(
+        &self,
+        mut txn: WriteTransaction,
+        writer: &mut Writer,
+        changes: &[Change],
+        counters: Counters,
+    ) -> Result<()> {
+        if !changes.is_empty() && !writer.log.append(changes)? {
+            return self.commit_durably(txn, writer, counters);
         }
         txn.set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("committing a batch", err))?;
         txn.commit().map_err(|err| {
-            log.commit_failed();
+            writer.log.commit_failed();
             Error::from(err)
-        })
+        })?;
+        writer.counters = counters;
+        Ok(())
     }
 
-    /// Commits `txn` durably, recording that it covers every log entry so far, and starts the
-    /// log again.
-    fn commit_durably(&self, mut txn: WriteTransaction, log: &mut Log) -> Result<()> {
+    /// Commits `txn` durably with `counters` in the meta table, recording that it covers every
+    /// log entry so far, and starts the log again.
+    fn commit_durably(
+        &self,
+        mut txn: WriteTransaction,
+        writer: &mut Writer,
+        counters: Counters,
+    ) -> Result<()> {
         txn.set_quick_repair(self.config.durability == Durability::QuickRepair);
-        txn.open_table(META)?.insert(META_LOG_SEQ, log.last_seq())?;
+        {
+            let mut meta = txn.open_table(META)?;
+            counters.save(&mut meta)?;
+            meta.insert(META_LOG_SEQ, writer.log.last_seq())?;
+        }
         match txn.commit() {
             Ok(()) => {
-                log.checkpointed();
+                writer.log.checkpointed();
+                writer.counters = counters;
                 Ok(())
             }
             Err(err) => {
-                log.commit_failed();
+                writer.log.commit_failed();
                 Err(err.into())
             }
         }
     }
 
-    /// Opens the data tables in `txn` with the counters from the meta table, runs `body`, and
-    /// writes back the counters it changed. Returns `body`'s result and every change made.
+    /// Opens the data tables in `txn`, runs `body` from `counters`, and returns its result,
+    /// the counters after it, and every change made (the changed counters last).
     fn with_tables<T>(
         &self,
         txn: &WriteTransaction,
+        counters: Counters,
         body: impl FnOnce(&mut Tables<'_>, &mut Ctx) -> Result<T>,
-    ) -> Result<(T, Vec<Change>)> {
-        let mut meta = txn.open_table(META)?;
-        let stored = |k| -> Result<u64> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
-        let (first_token, stored_clock) = (stored(META_NEXT_TOKEN)?.max(1), stored(META_CLOCK)?);
-        let usage = Usage {
-            records: stored(META_RECORDS)?,
-            bytes: stored(META_BYTES)?,
-        };
+    ) -> Result<(T, Counters, Vec<Change>)> {
         let mut tables = Tables {
             records: txn.open_table(RECORDS)?,
             expiry: txn.open_table(EXPIRY)?,
-            usage,
+            usage: counters.usage,
             changes: Vec::new(),
         };
         let mut ctx = Ctx {
             now: self.now(),
             lease_ms: millis(self.config.lease),
             retention_ms: millis(self.config.retention),
-            next_token: first_token,
+            next_token: counters.next_token,
             quota: Quota {
                 max_records: self.config.max_records,
                 max_bytes: self.config.max_bytes,
@@ -454,23 +479,14 @@ impl Store {
             },
         };
         let out = body(&mut tables, &mut ctx)?;
-        let mut changes = tables.changes;
-        let mut set = |counter: Counter, value| -> Result<()> {
-            meta.insert(counter.name(), value)?;
-            changes.push(Change::Counter { counter, value });
-            Ok(())
+        let after = Counters {
+            next_token: ctx.next_token,
+            clock: counters.clock.max(ctx.now.as_millis()),
+            usage: tables.usage,
         };
-        if ctx.next_token != first_token {
-            set(Counter::NextToken, ctx.next_token)?;
-        }
-        if ctx.now.as_millis() > stored_clock {
-            set(Counter::Clock, ctx.now.as_millis())?;
-        }
-        if tables.usage != usage {
-            set(Counter::Records, tables.usage.records)?;
-            set(Counter::Bytes, tables.usage.bytes)?;
-        }
-        Ok((out, changes))
+        let mut changes = tables.changes;
+        changes.extend(after.changes_since(&counters));
+        Ok((out, after, changes))
     }
 
     /// Runs `read` in a read transaction of the store's file, for the caller's own tables
@@ -547,13 +563,15 @@ impl Store {
     {
         self.check_size(response.size())?;
         let txn = contain("completing with an effect", || {
-            let txn = self.db()?.begin_write()?;
-            self.with_tables(&txn, |tables, ctx| {
+            Ok(self.db()?.begin_write()?)
+        })?;
+        let mut writer = self.writer.lock();
+        contain("completing with an effect", || {
+            self.with_tables(&txn, writer.counters, |tables, ctx| {
                 tables
                     .held(&lease.key, lease.token, ctx.now)
                     .map_err(Fail::into_error)
-            })?;
-            Ok(txn)
+            })
         })?;
         if let Err(err) = effect(&txn) {
             return Ok(Err(err));
@@ -564,11 +582,11 @@ impl Store {
                 token: lease.token,
                 response,
             };
-            self.with_tables(&txn, |tables, ctx| {
+            let (_, counters, _) = self.with_tables(&txn, writer.counters, |tables, ctx| {
                 tables.apply(ctx, op).map_err(Fail::into_error)
             })?;
             // The effect's writes are not in the log, so this commit must be durable itself.
-            self.commit_durably(txn, &mut self.log.lock())
+            self.commit_durably(txn, &mut writer, counters)
         })?;
         self.waiters.wake(&lease.key);
         Ok(Ok(()))
@@ -581,7 +599,9 @@ impl Drop for Store {
             // A last checkpoint, so that the next open has no log to replay.
             let _ = contain("closing the store", || {
                 let txn = db.begin_write()?;
-                self.commit_durably(txn, &mut self.log.lock())
+                let mut writer = self.writer.lock();
+                let counters = writer.counters;
+                self.commit_durably(txn, &mut writer, counters)
             });
             // redb's drop saves the allocator state and can panic on a damaged file; the error
             // is already reported by the call that met the damage.
