@@ -8,14 +8,17 @@
 //! key means a record cannot be served under another key. Decoding never panics and never
 //! accepts trailing bytes.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 
-/// The record encoding this version writes and reads.
-pub(crate) const FORMAT_VERSION: u8 = 1;
+/// The record encoding this version writes and reads. 2: times after `created_at` are stored
+/// as offsets from it (1 stored them whole, 5 more bytes per record).
+pub(crate) const FORMAT_VERSION: u8 = 2;
 
 /// A response to store and replay: status, headers and body, byte for byte.
 ///
@@ -60,7 +63,7 @@ impl Response {
 }
 
 /// One key's record. Times are milliseconds since the Unix epoch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
     pub fingerprint: Fingerprint,
     pub created_at: u64,
@@ -71,7 +74,7 @@ pub(crate) struct Record {
     pub state: State,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     InProgress {
         /// The fencing token of the current lease.
@@ -91,7 +94,40 @@ impl Record {
     }
 
     pub(crate) fn encode(&self, key: &[u8]) -> Result<Vec<u8>> {
-        let mut out = postcard::to_extend(self, vec![FORMAT_VERSION])
+        let after = |t: u64| {
+            t.checked_sub(self.created_at).ok_or_else(|| {
+                Error::storage(
+                    "encoding a record",
+                    std::io::Error::other("internal error: a record time before its creation"),
+                )
+            })
+        };
+        let state = match &self.state {
+            State::InProgress {
+                token,
+                lease_until,
+                checkpoint,
+            } => WireState::InProgress {
+                token: *token,
+                lease_for: after(*lease_until)?,
+                checkpoint: Cow::Borrowed(checkpoint),
+            },
+            State::Completed {
+                completed_at,
+                response,
+            } => WireState::Completed {
+                completed_after: after(*completed_at)?,
+                response: Cow::Borrowed(response),
+            },
+        };
+        let wire = Wire {
+            fingerprint: self.fingerprint,
+            created_at: self.created_at,
+            expires_after: after(self.expires_at)?,
+            attempt: self.attempt,
+            state,
+        };
+        let mut out = postcard::to_extend(&wire, vec![FORMAT_VERSION])
             .map_err(|e| Error::storage("encoding a record", e))?;
         let sum = checksum(key, &out);
         out.extend_from_slice(&sum);
@@ -116,7 +152,7 @@ impl Record {
                  version {FORMAT_VERSION})"
             )));
         }
-        let (record, rest): (Record, _) = postcard::take_from_bytes(body)
+        let (wire, rest): (Wire<'_>, _) = postcard::take_from_bytes(body)
             .map_err(|e| Error::corrupted(format!("record does not decode: {e}")))?;
         if !rest.is_empty() {
             return Err(Error::corrupted(format!(
@@ -124,7 +160,66 @@ impl Record {
                 rest.len()
             )));
         }
-        Ok(record)
+        wire.into_record()
+    }
+}
+
+/// A record as encoded: the times after `created_at` as offsets from it, which take 1 to 4
+/// bytes where a whole timestamp takes 6.
+#[derive(Serialize, Deserialize)]
+struct Wire<'a> {
+    fingerprint: Fingerprint,
+    created_at: u64,
+    expires_after: u64,
+    attempt: u32,
+    state: WireState<'a>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum WireState<'a> {
+    InProgress {
+        token: u64,
+        lease_for: u64,
+        checkpoint: Cow<'a, Option<Vec<u8>>>,
+    },
+    Completed {
+        completed_after: u64,
+        response: Cow<'a, Response>,
+    },
+}
+
+impl Wire<'_> {
+    fn into_record(self) -> Result<Record> {
+        let at = |offset: u64| {
+            self.created_at
+                .checked_add(offset)
+                .ok_or_else(|| Error::corrupted("record time overflows"))
+        };
+        let state = match self.state {
+            WireState::InProgress {
+                token,
+                lease_for,
+                checkpoint,
+            } => State::InProgress {
+                token,
+                lease_until: at(lease_for)?,
+                checkpoint: checkpoint.into_owned(),
+            },
+            WireState::Completed {
+                completed_after,
+                response,
+            } => State::Completed {
+                completed_at: at(completed_after)?,
+                response: response.into_owned(),
+            },
+        };
+        Ok(Record {
+            fingerprint: self.fingerprint,
+            created_at: self.created_at,
+            expires_at: at(self.expires_after)?,
+            attempt: self.attempt,
+            state,
+        })
     }
 }
 
@@ -219,11 +314,11 @@ mod tests {
         let bytes = sample().encode(KEY)?;
         let versioned = &bytes[..bytes.len() - CHECKSUM_LEN];
         let mut other = versioned.to_vec();
-        other[0] = 2;
+        other[0] = 3;
         let err = Record::decode(KEY, &reseal(&other))
             .err()
             .map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.contains("format version 2")));
+        assert!(err.is_some_and(|e| e.contains("format version 3")));
         assert!(Record::decode(KEY, &reseal(&versioned[..versioned.len() - 1])).is_err());
         let mut long = versioned.to_vec();
         long.push(0);

@@ -241,7 +241,7 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
                 .value()
                 .to_vec();
             let mut versioned = old[..old.len() - 8].to_vec();
-            versioned[0] = 2;
+            versioned[0] = 3;
             let mut hasher = blake3::Hasher::new();
             hasher.update(&(stored.len() as u64).to_le_bytes());
             hasher.update(&stored);
@@ -258,13 +258,13 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
         .claim(&key, fp(0))
         .expect_err("must not replay or re-run");
     assert!(
-        matches!(&err, Error::Corrupted { reason } if reason.contains("version 2")),
+        matches!(&err, Error::Corrupted { reason } if reason.contains("version 3")),
         "{err:?}"
     );
     assert!(matches!(store.lookup(&key), Err(Error::Corrupted { .. })));
     let report = store.verify()?;
     assert_eq!(report.problems.len(), 1, "{report:?}");
-    assert!(report.problems[0].contains("version 2"), "{report:?}");
+    assert!(report.problems[0].contains("version 3"), "{report:?}");
     // The other key is unaffected.
     assert!(
         matches!(store.claim(&Key::new("key-1")?, fp(1))?, Claim::Completed(r) if r.response == response(1))
