@@ -171,7 +171,7 @@ impl Builder {
     /// a batch commits durably into the database instead (a checkpoint) and the log starts
     /// over. A bigger log means fewer checkpoints; a smaller one a smaller file. A batch
     /// bigger than the log simply checkpoints. An existing file keeps the size it was created
-    /// with. Defaults to 4 MiB.
+    /// with. Defaults to 1 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
         self
