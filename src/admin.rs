@@ -108,6 +108,7 @@ impl Store {
     /// met during the walk are items of the iterator (see [`Records`]).
     pub fn records(&self) -> Result<Records<'_>> {
         let range = contain("listing records", || {
+            self.flush_overlay(&mut self.writer.lock())?;
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
             Ok(table.range::<&[u8]>(..)?)

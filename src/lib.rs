@@ -92,6 +92,7 @@ mod layout;
 mod maintenance;
 mod ops;
 mod outcome;
+mod overlay;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;

@@ -57,10 +57,11 @@ impl Store {
     }
 
     fn walk(&self) -> Result<VerifyReport> {
-        // The counters live in memory between checkpoints; taken under the writer lock, they
-        // match the snapshot exactly.
+        // The counters live in memory between checkpoints and the latest changes in the
+        // overlay; under the writer lock, the flushed tables and the counters agree exactly.
         let (txn, counters) = {
-            let writer = self.writer.lock();
+            let mut writer = self.writer.lock();
+            self.flush_overlay(&mut writer)?;
             (self.db()?.begin_read()?, writer.counters)
         };
         let records = txn.open_table(RECORDS)?;
@@ -139,6 +140,7 @@ impl Store {
 
     fn count(&self) -> Result<Stats> {
         let now = self.now();
+        self.flush_overlay(&mut self.writer.lock())?;
         let txn = self.db()?.begin_read()?;
         let records = txn.open_table(RECORDS)?;
         let mut stats = Stats {

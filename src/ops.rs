@@ -5,7 +5,9 @@
 //! untouched and the rest of its batch can still commit. A storage error, by contrast, may
 //! leave the transaction half-written and fails the whole batch.
 
-use redb::{ReadableTable, Table, TableDefinition};
+use redb::{
+    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
+};
 
 use crate::admin::ForceRelease;
 use crate::clock::Timestamp;
@@ -13,6 +15,7 @@ use crate::error::{Error, from_storage};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::outcome::{Claim, Lease, Replay};
+use crate::overlay::Overlay;
 use crate::record::{Record, Response, State};
 use crate::wal::{Change, Counter};
 
@@ -139,6 +142,18 @@ impl From<redb::StorageError> for Fail {
     fn from(err: redb::StorageError) -> Self {
         Fail::Batch(from_storage("writing a batch", err))
     }
+}
+
+/// Whose the index entry `(second, key)` is.
+fn owner(records: &RecordsTable<'_>, second: u64, key: &[u8]) -> Result<Owner, Fail> {
+    let Some(bytes) = records.get(key)? else {
+        return Ok(Owner::Stale);
+    };
+    Ok(match Record::decode(key, bytes.value()) {
+        Ok(record) if due(record.expires_at) == second => Owner::Record(record),
+        Ok(_) => Owner::Stale,
+        Err(_) => Owner::Damaged,
+    })
 }
 
 /// The owner of an expiry-index entry.
@@ -295,20 +310,124 @@ pub(crate) fn decide(record: Option<Record>, fingerprint: Fingerprint, now: Time
     }
 }
 
-/// The two data tables, open in one write transaction, their usage counters, and the changes
-/// made so far (for the write-ahead log). Every mutation goes through the methods below, so
-/// that none escapes the log.
-pub(crate) struct Tables<'txn> {
-    pub records: Table<'txn, &'static [u8], &'static [u8]>,
-    pub expiry: Table<'txn, (u64, &'static [u8]), ()>,
+/// The two data tables as one batch sees them, their usage counters, and the changes made so
+/// far (for the write-ahead log). Every mutation goes through the methods below, so that none
+/// escapes the log.
+pub(crate) struct Tables<'a> {
+    data: Data<'a>,
     pub usage: Usage,
     pub changes: Vec<Change>,
 }
 
-impl Tables<'_> {
+type RecordsTable<'a> = Table<'a, &'static [u8], &'static [u8]>;
+type ExpiryTable<'a> = Table<'a, (u64, &'static [u8]), ()>;
+
+/// Where a batch reads and writes.
+enum Data<'a> {
+    /// redb's tables in a write transaction (which already holds the overlay).
+    Direct {
+        records: RecordsTable<'a>,
+        expiry: ExpiryTable<'a>,
+    },
+    /// redb's records as of the last commit, the overlay over them, and the batch's own
+    /// changes over both (see `overlay`). Scans of the tables are not possible here.
+    Layered {
+        base: ReadOnlyTable<&'static [u8], &'static [u8]>,
+        overlay: &'a Overlay,
+        batch: Overlay,
+    },
+}
+
+impl<'a> Tables<'a> {
+    /// The tables of the write transaction `txn`.
+    pub(crate) fn direct(txn: &'a WriteTransaction) -> Result<Self, Error> {
+        Ok(Self::new(Data::Direct {
+            records: txn.open_table(RECORDS)?,
+            expiry: txn.open_table(EXPIRY)?,
+        }))
+    }
+
+    /// The records of the read transaction `snapshot` under `overlay`.
+    pub(crate) fn layered(snapshot: &ReadTransaction, overlay: &'a Overlay) -> Result<Self, Error> {
+        Ok(Self::new(Data::Layered {
+            base: snapshot.open_table(RECORDS)?,
+            overlay,
+            batch: Overlay::default(),
+        }))
+    }
+
+    fn new(data: Data<'a>) -> Self {
+        Tables {
+            data,
+            usage: Usage::default(),
+            changes: Vec::new(),
+        }
+    }
+
+    /// The changes of a layered batch, for the overlay once the batch is durable.
+    pub(crate) fn into_batch(self) -> Option<Overlay> {
+        match self.data {
+            Data::Layered { batch, .. } => Some(batch),
+            Data::Direct { .. } => None,
+        }
+    }
+
+    /// The key's record bytes.
+    fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        Ok(match &self.data {
+            Data::Direct { records, .. } => records.get(key)?.map(|v| v.value().to_vec()),
+            Data::Layered {
+                base,
+                overlay,
+                batch,
+            } => match batch.record(key).or_else(|| overlay.record(key)) {
+                Some(known) => known.map(<[u8]>::to_vec),
+                None => base.get(key)?.map(|v| v.value().to_vec()),
+            },
+        })
+    }
+
+    /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
+    fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
+        if let Data::Direct { records, .. } = &mut self.data {
+            let old = match record {
+                Some(bytes) => records.insert(key, bytes)?,
+                None => records.remove(key)?,
+            };
+            return Ok(old.map(|v| v.value().len()));
+        }
+        let old = self.bytes(key)?.map(|b| b.len());
+        if let Data::Layered { batch, .. } = &mut self.data {
+            batch.set_record(key, record.map(<[u8]>::to_vec));
+        }
+        Ok(old)
+    }
+
+    fn set_index(&mut self, due: u64, key: &[u8], present: bool) -> Result<(), Fail> {
+        match &mut self.data {
+            Data::Direct { expiry, .. } if present => drop(expiry.insert((due, key), ())?),
+            Data::Direct { expiry, .. } => drop(expiry.remove((due, key))?),
+            Data::Layered { batch, .. } => batch.set_index(due, key, present),
+        }
+        Ok(())
+    }
+
+    /// redb's tables, for the operations that scan them.
+    fn scannable(&self) -> Result<(&RecordsTable<'a>, &ExpiryTable<'a>), Fail> {
+        match &self.data {
+            Data::Direct { records, expiry } => Ok((records, expiry)),
+            Data::Layered { .. } => Err(Fail::Batch(Error::storage(
+                "scanning the expiry index",
+                std::io::Error::other(
+                    "internal error: a scan in a layered batch; please report it",
+                ),
+            ))),
+        }
+    }
+
     fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
-        match self.records.get(key.as_stored())? {
-            Some(bytes) => Ok(Some(Record::decode(key.as_stored(), bytes.value())?)),
+        match self.bytes(key.as_stored())? {
+            Some(bytes) => Ok(Some(Record::decode(key.as_stored(), &bytes)?)),
             None => Ok(None),
         }
     }
@@ -324,16 +443,13 @@ impl Tables<'_> {
             if let Some(old) = old {
                 self.unindex(old, k)?;
             }
-            self.expiry.insert((new, k), ())?;
+            self.set_index(new, k, true)?;
             self.changes.push(Change::Index {
                 due: new,
                 key: k.to_vec(),
             });
         }
-        let old = self
-            .records
-            .insert(k, bytes.as_slice())?
-            .map(|v| v.value().len());
+        let old = self.set(k, Some(&bytes))?;
         self.usage.replaced(k.len(), bytes.len(), old);
         self.changes.push(Change::Put {
             key: k.to_vec(),
@@ -348,7 +464,7 @@ impl Tables<'_> {
     }
 
     fn unindex(&mut self, due: u64, key: &[u8]) -> Result<(), Fail> {
-        self.expiry.remove((due, key))?;
+        self.set_index(due, key, false)?;
         self.changes.push(Change::Unindex {
             due,
             key: key.to_vec(),
@@ -357,7 +473,7 @@ impl Tables<'_> {
     }
 
     fn remove_record(&mut self, key: &[u8]) -> Result<(), Fail> {
-        let old = self.records.remove(key)?.map(|v| v.value().len());
+        let old = self.set(key, None)?;
         self.usage.removed(key.len(), old);
         self.changes.push(Change::Delete { key: key.to_vec() });
         Ok(())
@@ -514,10 +630,11 @@ impl Tables<'_> {
     fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<Done, Fail> {
         let end = due(now.as_millis()).saturating_add(1);
         let (mut work, mut more) = (Vec::new(), false);
-        for entry in self.expiry.range(..(end, &[][..]))? {
+        let (records, expiry) = self.scannable()?;
+        for entry in expiry.range(..(end, &[][..]))? {
             let (index_key, _) = entry?;
             let (second, key) = index_key.value();
-            let owned = match self.owner(second, key)? {
+            let owned = match owner(records, second, key)? {
                 Owner::Record(record) if !record.is_expired(now) => continue,
                 Owner::Record(_) | Owner::Damaged => true,
                 Owner::Stale => false,
@@ -537,18 +654,6 @@ impl Tables<'_> {
             }
         }
         Ok(Done::Swept { deleted, more })
-    }
-
-    /// Whose the index entry `(second, key)` is.
-    fn owner(&self, second: u64, key: &[u8]) -> Result<Owner, Fail> {
-        let Some(bytes) = self.records.get(key)? else {
-            return Ok(Owner::Stale);
-        };
-        Ok(match Record::decode(key, bytes.value()) {
-            Ok(record) if due(record.expires_at) == second => Owner::Record(record),
-            Ok(_) => Owner::Stale,
-            Err(_) => Owner::Damaged,
-        })
     }
 
     /// Makes room for one more record, or fails closed with `QuotaExceeded`. Expired records
@@ -572,10 +677,11 @@ impl Tables<'_> {
     /// one retention); false if none is found near the front of the expiry index.
     fn evict_oldest_completed(&mut self) -> Result<bool, Fail> {
         let mut victim = None;
-        for entry in self.expiry.iter()?.take(EVICT_SCAN) {
+        let (records, expiry) = self.scannable()?;
+        for entry in expiry.iter()?.take(EVICT_SCAN) {
             let (index_key, _) = entry?;
             let (second, key) = index_key.value();
-            if let Owner::Record(record) = self.owner(second, key)?
+            if let Owner::Record(record) = owner(records, second, key)?
                 && matches!(record.state, State::Completed { .. })
             {
                 victim = Some((record.expires_at, key.to_vec()));

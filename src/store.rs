@@ -18,6 +18,7 @@ use crate::ops::{
     Op, Quota, RECORDS, STORE_FORMAT, Tables, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
+use crate::overlay::Overlay;
 use crate::record::{Record, Response, State, check_size};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Log};
@@ -39,6 +40,8 @@ pub struct Store {
     /// The log and the counters; locked by the holder of redb's write transaction for as long
     /// as it holds it.
     pub(crate) writer: parking_lot::Mutex<Writer>,
+    /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
+    overlay: parking_lot::RwLock<Overlay>,
     /// The highest time the store has used; the store's clock never goes below it.
     high_water: AtomicU64,
 }
@@ -139,6 +142,7 @@ impl Store {
             path,
             waiters: Waiters::default(),
             writer: parking_lot::Mutex::new(writer),
+            overlay: parking_lot::RwLock::new(Overlay::default()),
             high_water: AtomicU64::new(high_water),
         })
     }
@@ -350,6 +354,11 @@ impl Store {
 
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
         contain("reading a record", || {
+            if let Some(known) = self.overlay.read().record(key.as_stored()) {
+                return known
+                    .map(|bytes| Record::decode(key.as_stored(), bytes))
+                    .transpose();
+            }
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
             let bytes = table.get(key.as_stored())?;
@@ -385,27 +394,70 @@ impl Store {
     }
 
     fn write_batch(&self, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
-        let txn = self.db()?.begin_write()?;
         let mut writer = self.writer.lock();
-        let (results, counters, changes) =
-            self.with_tables(&txn, writer.counters, |tables, ctx| {
-                let mut results = Vec::with_capacity(ops.len());
-                for op in ops {
-                    match tables.apply(ctx, op) {
-                        Ok(done) => results.push(Ok(done)),
-                        Err(Fail::Op(err)) => results.push(Err(err)),
-                        Err(Fail::Batch(err)) => return Err(err),
-                    }
-                }
-                Ok(results)
-            })?;
+        if self.layered(&ops) {
+            return self.write_layered(&mut writer, ops);
+        }
+        let txn = self.db()?.begin_write()?;
+        self.overlay.read().write_to(&txn)?;
+        let mut tables = Tables::direct(&txn)?;
+        let (results, counters) = self.with_tables(&mut tables, writer.counters, |t, ctx| {
+            apply_all(t, ctx, ops)
+        })?;
+        let changes = std::mem::take(&mut tables.changes);
+        drop(tables);
         self.commit(txn, &mut writer, &changes, counters)?;
         Ok(results)
     }
 
+    /// Whether a batch can run on the overlay: it must not scan the tables, which a sweep
+    /// does, and so may a claim in a store with quotas (to make room).
+    fn layered(&self, ops: &[Op]) -> bool {
+        self.config.max_records.is_none()
+            && self.config.max_bytes.is_none()
+            && !ops.iter().any(Op::runs_alone)
+    }
+
+    /// Runs a batch on the overlay: once its log entry is synced its changes join the overlay,
+    /// with no redb commit. If the log is full, the batch checkpoints instead.
+    fn write_layered(&self, writer: &mut Writer, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
+        let db = self.db()?;
+        let snapshot = db.begin_read()?;
+        let overlay = self.overlay.read();
+        let mut tables = Tables::layered(&snapshot, &overlay)?;
+        let (results, counters) = self.with_tables(&mut tables, writer.counters, |t, ctx| {
+            apply_all(t, ctx, ops)
+        })?;
+        let changes = std::mem::take(&mut tables.changes);
+        let batch = tables.into_batch().unwrap_or_default();
+        drop(overlay);
+        if changes.is_empty() || writer.log.append(&changes)? {
+            self.overlay.write().absorb(batch);
+            writer.counters = counters;
+            return Ok(results);
+        }
+        let txn = db.begin_write()?;
+        self.overlay.read().write_to(&txn)?;
+        batch.write_to(&txn)?;
+        self.commit_durably(txn, writer, counters)?;
+        Ok(results)
+    }
+
+    /// Writes the overlay into redb (a commit without a sync: the log holds its changes), so
+    /// that a walk of the tables sees every acknowledged write.
+    pub(crate) fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
+        if self.overlay.read().is_empty() {
+            return Ok(());
+        }
+        let txn = self.db()?.begin_write()?;
+        self.overlay.read().write_to(&txn)?;
+        let counters = writer.counters;
+        self.commit(txn, writer, &[], counters)
+    }
+
     /// Makes a batch durable: through the log and a commit without a sync, or, if the log
     /// cannot take the batch (full, or a write failed), as a checkpoint. The batch's
-    /// `counters` become the store's once it is durable.
+    /// `counters` become the store's once it is durable. `txn` must hold the overlay.
     fn commit(
         &self,
         mut txn: WriteTransaction,
@@ -423,11 +475,12 @@ impl Store {
             Error::from(err)
         })?;
         writer.counters = counters;
+        self.overlay.write().clear();
         Ok(())
     }
 
     /// Commits `txn` durably with `counters` in the meta table, recording that it covers every
-    /// log entry so far, and starts the log again.
+    /// log entry so far, and starts the log again. `txn` must hold the overlay.
     fn commit_durably(
         &self,
         mut txn: WriteTransaction,
@@ -444,6 +497,7 @@ impl Store {
             Ok(()) => {
                 writer.log.checkpointed();
                 writer.counters = counters;
+                self.overlay.write().clear();
                 Ok(())
             }
             Err(err) => {
@@ -453,20 +507,15 @@ impl Store {
         }
     }
 
-    /// Opens the data tables in `txn`, runs `body` from `counters`, and returns its result,
-    /// the counters after it, and every change made (the changed counters last).
+    /// Runs `body` on `tables` from `counters`, and returns its result and the counters after
+    /// it; the changed counters join the tables' changes, last.
     fn with_tables<T>(
         &self,
-        txn: &WriteTransaction,
+        tables: &mut Tables<'_>,
         counters: Counters,
         body: impl FnOnce(&mut Tables<'_>, &mut Ctx) -> Result<T>,
-    ) -> Result<(T, Counters, Vec<Change>)> {
-        let mut tables = Tables {
-            records: txn.open_table(RECORDS)?,
-            expiry: txn.open_table(EXPIRY)?,
-            usage: counters.usage,
-            changes: Vec::new(),
-        };
+    ) -> Result<(T, Counters)> {
+        tables.usage = counters.usage;
         let mut ctx = Ctx {
             now: self.now(),
             lease_ms: millis(self.config.lease),
@@ -478,15 +527,14 @@ impl Store {
                 evict_completed: self.config.when_full == WhenFull::EvictOldestCompleted,
             },
         };
-        let out = body(&mut tables, &mut ctx)?;
+        let out = body(tables, &mut ctx)?;
         let after = Counters {
             next_token: ctx.next_token,
             clock: counters.clock.max(ctx.now.as_millis()),
             usage: tables.usage,
         };
-        let mut changes = tables.changes;
-        changes.extend(after.changes_since(&counters));
-        Ok((out, after, changes))
+        tables.changes.extend(after.changes_since(&counters));
+        Ok((out, after))
     }
 
     /// Runs `read` in a read transaction of the store's file, for the caller's own tables
@@ -562,16 +610,20 @@ impl Store {
         F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     {
         self.check_size(response.size())?;
-        let txn = contain("completing with an effect", || {
-            Ok(self.db()?.begin_write()?)
-        })?;
         let mut writer = self.writer.lock();
-        contain("completing with an effect", || {
-            self.with_tables(&txn, writer.counters, |tables, ctx| {
-                tables
-                    .held(&lease.key, lease.token, ctx.now)
-                    .map_err(Fail::into_error)
-            })
+        let txn = contain("completing with an effect", || {
+            let txn = self.db()?.begin_write()?;
+            self.overlay.read().write_to(&txn)?;
+            self.with_tables(
+                &mut Tables::direct(&txn)?,
+                writer.counters,
+                |tables, ctx| {
+                    tables
+                        .held(&lease.key, lease.token, ctx.now)
+                        .map_err(Fail::into_error)
+                },
+            )?;
+            Ok(txn)
         })?;
         if let Err(err) = effect(&txn) {
             return Ok(Err(err));
@@ -582,9 +634,11 @@ impl Store {
                 token: lease.token,
                 response,
             };
-            let (_, counters, _) = self.with_tables(&txn, writer.counters, |tables, ctx| {
+            let mut tables = Tables::direct(&txn)?;
+            let (_, counters) = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
                 tables.apply(ctx, op).map_err(Fail::into_error)
             })?;
+            drop(tables);
             // The effect's writes are not in the log, so this commit must be durable itself.
             self.commit_durably(txn, &mut writer, counters)
         })?;
@@ -598,8 +652,9 @@ impl Drop for Store {
         if let Some(db) = self.db.take() {
             // A last checkpoint, so that the next open has no log to replay.
             let _ = contain("closing the store", || {
-                let txn = db.begin_write()?;
                 let mut writer = self.writer.lock();
+                let txn = db.begin_write()?;
+                self.overlay.read().write_to(&txn)?;
                 let counters = writer.counters;
                 self.commit_durably(txn, &mut writer, counters)
             });
@@ -638,6 +693,20 @@ pub(crate) fn view(record: Record) -> RecordView {
         attempt: record.attempt,
         state,
     }
+}
+
+/// Applies a batch's operations in order: an operation's own failure is its result, a storage
+/// failure fails the batch.
+fn apply_all(tables: &mut Tables<'_>, ctx: &mut Ctx, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        match tables.apply(ctx, op) {
+            Ok(done) => results.push(Ok(done)),
+            Err(Fail::Op(err)) => results.push(Err(err)),
+            Err(Fail::Batch(err)) => return Err(err),
+        }
+    }
+    Ok(results)
 }
 
 /// A batch answered an operation with another operation's kind of result: a bug in this crate.
