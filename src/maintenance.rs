@@ -4,7 +4,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::error::{Result, contain};
 use crate::key::Key;
-use crate::ops::{EXPIRY, RECORDS, due};
+use crate::ops::{EXPIRY, RECORDS};
 use crate::record::{Record, State};
 use crate::store::Store;
 
@@ -46,7 +46,7 @@ pub struct Stats {
 
 impl Store {
     /// Walks both tables and checks the invariants: every record decodes and has a valid key,
-    /// has exactly one expiry entry, in the second its `expires_at` falls due, and holds a token below the token
+    /// has exactly one expiry entry at its `expires_at`, and holds a token below the token
     /// counter; every expiry entry belongs to a record. Takes a read snapshot; writers go on.
     ///
     /// # Errors
@@ -91,10 +91,9 @@ impl Store {
                     continue;
                 }
             };
-            if expiry.get((due(record.expires_at), key))?.is_none() {
+            if expiry.get((record.expires_at, key))?.is_none() {
                 report.problems.push(format!(
-                    "record {name:?} has no expiry entry in second {} (it expires at {} ms)",
-                    due(record.expires_at),
+                    "record {name:?} has no expiry entry at {}",
                     record.expires_at
                 ));
             }
@@ -113,15 +112,15 @@ impl Store {
         }
         for entry in expiry.iter()? {
             let (index_key, _) = entry?;
-            let (second, key) = index_key.value();
+            let (expires_at, key) = index_key.value();
             report.expiry_entries += 1;
             // An undecodable owner was reported by the record walk already.
             let matches = records.get(key)?.map(|v| {
-                Record::decode(key, v.value()).map_or(true, |r| due(r.expires_at) == second)
+                Record::decode(key, v.value()).map_or(true, |r| r.expires_at == expires_at)
             });
             if matches != Some(true) {
                 report.problems.push(format!(
-                    "expiry entry (second {second}, {:?}) has no record due then",
+                    "expiry entry ({expires_at}, {:?}) has no record expiring then",
                     String::from_utf8_lossy(key)
                 ));
             }

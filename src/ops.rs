@@ -22,20 +22,15 @@ use crate::wal::{Change, Counter};
 /// Stored key → versioned record bytes.
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
     TableDefinition::new("idempotency_records");
-/// `(due second, stored key)` → `()`: exactly one entry per record, in the second
-/// [`due`] of its `expires_at`. Whole seconds rather than milliseconds, because a claim and its
-/// completion usually fall in the same second: the completion then leaves the index alone
-/// (one tree fewer in its commit), and a second's entries arrive in random key order, which
-/// fills the index's pages like any B-tree under random inserts (about 69 %) instead of the
-/// half-full pages that appends in time order leave behind.
+/// `(expires_at_ms, stored key)` → `()`: exactly one entry per record.
 pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
     TableDefinition::new("idempotency_expiry");
 /// Format version, the fencing-token counter, the clock's high-water mark and usage counters.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
 
 pub(crate) const META_FORMAT: &str = "format_version";
-/// The layout of the tables (not of one record, which has its own version byte). 2: the
-/// expiry index by due second (1 indexed by millisecond).
+/// The layout of the tables and the record format they hold (each record also carries its own
+/// version byte). 2: records of format 2.
 pub(crate) const STORE_FORMAT: u64 = 2;
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
@@ -43,12 +38,6 @@ pub(crate) const META_RECORDS: &str = "record_count";
 pub(crate) const META_BYTES: &str = "record_bytes";
 /// The last write-ahead log entry that a durable commit covers (see `wal`).
 pub(crate) const META_LOG_SEQ: &str = "log_applied_seq";
-
-/// The expiry-index second of a record expiring at `expires_at_ms`: the first whole second at
-/// or after it, so that every record of a second whose start has passed has expired.
-pub(crate) fn due(expires_at_ms: u64) -> u64 {
-    expires_at_ms.div_ceil(1000)
-}
 
 /// How many expired records a claim that finds the store full deletes before giving up.
 const ROOM_SWEEP: usize = 64;
@@ -144,13 +133,13 @@ impl From<redb::StorageError> for Fail {
     }
 }
 
-/// Whose the index entry `(second, key)` is.
-fn owner(records: &RecordsTable<'_>, second: u64, key: &[u8]) -> Result<Owner, Fail> {
+/// Whose the index entry `(expires_at, key)` is.
+fn owner(records: &RecordsTable<'_>, expires_at: u64, key: &[u8]) -> Result<Owner, Fail> {
     let Some(bytes) = records.get(key)? else {
         return Ok(Owner::Stale);
     };
     Ok(match Record::decode(key, bytes.value()) {
-        Ok(record) if due(record.expires_at) == second => Owner::Record(record),
+        Ok(record) if record.expires_at == expires_at => Owner::Record(record),
         Ok(_) => Owner::Stale,
         Err(_) => Owner::Damaged,
     })
@@ -159,7 +148,7 @@ fn owner(records: &RecordsTable<'_>, second: u64, key: &[u8]) -> Result<Owner, F
 /// The owner of an expiry-index entry.
 enum Owner {
     Record(Record),
-    /// The key's record is gone or due in another second.
+    /// The key's record is gone or expires at another time.
     Stale,
     /// The key's record does not decode; a sweep deletes it like an expired one.
     Damaged,
@@ -398,16 +387,16 @@ impl<'a> Tables<'a> {
         }
         let old = self.bytes(key)?.map(|b| b.len());
         if let Data::Layered { batch, .. } = &mut self.data {
-            batch.set_record(key, record.map(<[u8]>::to_vec));
+            batch.set_record(key, record);
         }
         Ok(old)
     }
 
-    fn set_index(&mut self, due: u64, key: &[u8], present: bool) -> Result<(), Fail> {
+    fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail> {
         match &mut self.data {
-            Data::Direct { expiry, .. } if present => drop(expiry.insert((due, key), ())?),
-            Data::Direct { expiry, .. } => drop(expiry.remove((due, key))?),
-            Data::Layered { batch, .. } => batch.set_index(due, key, present),
+            Data::Direct { expiry, .. } if present => drop(expiry.insert((expires_at, key), ())?),
+            Data::Direct { expiry, .. } => drop(expiry.remove((expires_at, key))?),
+            Data::Layered { batch, .. } => batch.set_index(expires_at, key, present),
         }
         Ok(())
     }
@@ -433,19 +422,19 @@ impl<'a> Tables<'a> {
     }
 
     /// Writes `record`, moving its expiry entry from `old_expires_at` if it had one and the
-    /// due second changed.
+    /// time changed.
     fn put(&mut self, key: &Key, old_expires_at: Option<u64>, record: &Record) -> Result<(), Fail> {
         let bytes = record.encode(key.as_stored())?;
         let k = key.as_stored();
-        let new = due(record.expires_at);
-        let old = old_expires_at.map(due);
+        let new = record.expires_at;
+        let old = old_expires_at;
         if old != Some(new) {
             if let Some(old) = old {
                 self.unindex(old, k)?;
             }
             self.set_index(new, k, true)?;
             self.changes.push(Change::Index {
-                due: new,
+                expires_at: new,
                 key: k.to_vec(),
             });
         }
@@ -459,14 +448,14 @@ impl<'a> Tables<'a> {
     }
 
     fn delete(&mut self, key: &[u8], expires_at: u64) -> Result<(), Fail> {
-        self.unindex(due(expires_at), key)?;
+        self.unindex(expires_at, key)?;
         self.remove_record(key)
     }
 
-    fn unindex(&mut self, due: u64, key: &[u8]) -> Result<(), Fail> {
-        self.set_index(due, key, false)?;
+    fn unindex(&mut self, expires_at: u64, key: &[u8]) -> Result<(), Fail> {
+        self.set_index(expires_at, key, false)?;
         self.changes.push(Change::Unindex {
-            due,
+            expires_at,
             key: key.to_vec(),
         });
         Ok(())
@@ -623,31 +612,26 @@ impl<'a> Tables<'a> {
         })
     }
 
-    /// Deletes up to `limit` expired records, oldest due second first, with their index
-    /// entries, and drops stale entries on the way (those count against `limit` too). `more`
-    /// says whether the limit cut the work short. The seconds before `now`'s hold only expired
-    /// records; `now`'s own second is checked record by record.
+    /// Takes up to `limit` expired entries from the expiry index, oldest first, and deletes
+    /// their records; a stale entry (its record gone or expiring at another time) only goes
+    /// itself, but uses up a place. `more` says whether expired entries remain.
     fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<Done, Fail> {
-        let end = due(now.as_millis()).saturating_add(1);
+        let end = now.as_millis().saturating_add(1);
         let (mut work, mut more) = (Vec::new(), false);
         let (records, expiry) = self.scannable()?;
         for entry in expiry.range(..(end, &[][..]))? {
             let (index_key, _) = entry?;
-            let (second, key) = index_key.value();
-            let owned = match owner(records, second, key)? {
-                Owner::Record(record) if !record.is_expired(now) => continue,
-                Owner::Record(_) | Owner::Damaged => true,
-                Owner::Stale => false,
-            };
+            let (expires_at, key) = index_key.value();
             if work.len() == limit {
                 more = true;
                 break;
             }
-            work.push((second, key.to_vec(), owned));
+            let owned = !matches!(owner(records, expires_at, key)?, Owner::Stale);
+            work.push((expires_at, key.to_vec(), owned));
         }
         let mut deleted = 0;
-        for (second, key, owned) in work {
-            self.unindex(second, &key)?;
+        for (expires_at, key, owned) in work {
+            self.unindex(expires_at, &key)?;
             if owned {
                 self.remove_record(&key)?;
                 deleted += 1;
@@ -680,8 +664,8 @@ impl<'a> Tables<'a> {
         let (records, expiry) = self.scannable()?;
         for entry in expiry.iter()?.take(EVICT_SCAN) {
             let (index_key, _) = entry?;
-            let (second, key) = index_key.value();
-            if let Owner::Record(record) = owner(records, second, key)?
+            let (expires_at, key) = index_key.value();
+            if let Owner::Record(record) = owner(records, expires_at, key)?
                 && matches!(record.state, State::Completed { .. })
             {
                 victim = Some((record.expires_at, key.to_vec()));

@@ -1,85 +1,211 @@
 //! Changes that the log has made durable but redb's tables do not hold yet.
 //!
 //! A redb commit, even without a sync, copies every page a batch touches, checksums them and
-//! writes new roots: the biggest part of the group-commit leader's serial work, and the leader
-//! is what limits throughput with many threads (BENCHMARKS.md). So a batch of claims and
-//! settlements applies to this overlay instead of to redb: its changes go to the log and, once
-//! synced, into the overlay, where readers look first. A checkpoint (the log is full), a batch
-//! that must scan the tables (a sweep, a store with quotas), an effect of `complete_with`, or
-//! a reader that walks the tables writes the overlay into redb in one transaction and empties
-//! it. The overlay therefore never holds more than the log since its last checkpoint.
+//! writes new roots: after the sync itself, the largest cost of a write batch. So a batch of
+//! claims and settlements applies to this overlay instead of to redb: its changes go to the
+//! log and, once synced, into the overlay, where readers look first. The overlay is written
+//! into redb in one commit without a sync (`Store::flush_overlay`) once it holds 64 records,
+//! and before anything that writes redb directly or walks its tables: a checkpoint, a sweep, a
+//! batch of a store with quotas, `complete_with`, `stats`, `verify`, `records`. The log holds
+//! everything the overlay does, so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
 //! changes under it.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::ops::Range;
 
 use redb::WriteTransaction;
 
 use crate::error::Result;
 use crate::ops::{EXPIRY, RECORDS};
 
+/// A record set (`Some`) or deleted (`None`).
+pub(crate) type RecordChange<'a> = (&'a [u8], Option<&'a [u8]>);
+/// An index entry `(expires_at, key)` added (true) or removed (false).
+pub(crate) type IndexChange<'a> = (u64, &'a [u8], bool);
+
+/// Every key and record lives in one byte buffer, with hash-chained entries pointing into it,
+/// rather than in an allocation each, and the buffer keeps its capacity: the overlay is filled
+/// and emptied thousands of times a second.
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
-    /// Stored key → record bytes, `None` where the record was deleted.
-    records: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    /// Expiry-index entries `(due second, stored key)`: added (true) or removed (false).
-    index: HashMap<(u64, Vec<u8>), bool>,
+    bytes: Vec<u8>,
+    /// Stored key → record bytes (`None`: deleted).
+    records: Map,
+    /// Expiry-index key (`expires_at`, big-endian, then the stored key) → `Some` if added,
+    /// `None` if removed.
+    index: Map,
+    hasher: RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Map {
+    /// Key hash → the newest entry with that hash; older ones follow `next`.
+    heads: HashMap<u64, usize>,
+    entries: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    key: Range<usize>,
+    value: Option<Range<usize>>,
+    next: Option<usize>,
 }
 
 impl Overlay {
     /// What the overlay knows of `key`: `None` if nothing (look in redb), `Some(None)` if the
     /// record was deleted.
     pub(crate) fn record(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.records.get(key).map(Option::as_deref)
+        let i = self.position(&self.records, key, self.hasher.hash_one(key))?;
+        Some(
+            self.records.entries[i]
+                .value
+                .clone()
+                .map(|v| &self.bytes[v]),
+        )
+    }
+
+    /// How many records it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.records.entries.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.index.is_empty()
+        self.records.entries.is_empty() && self.index.entries.is_empty()
     }
 
-    pub(crate) fn set_record(&mut self, key: &[u8], record: Option<Vec<u8>>) {
-        self.records.insert(key.to_vec(), record);
+    pub(crate) fn set_record(&mut self, key: &[u8], record: Option<&[u8]>) {
+        let value = record.map(|r| self.append(r));
+        self.set(Which::Records, key, value);
     }
 
-    pub(crate) fn set_index(&mut self, due: u64, key: &[u8], present: bool) {
-        self.index.insert((due, key.to_vec()), present);
+    pub(crate) fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) {
+        let indexed = [&expires_at.to_be_bytes()[..], key].concat();
+        self.set(Which::Index, &indexed, present.then_some(0..0));
     }
 
     /// Takes in `newer` (a committed batch's changes), which win over the overlay's own.
-    pub(crate) fn absorb(&mut self, newer: Overlay) {
-        self.records.extend(newer.records);
-        self.index.extend(newer.index);
+    pub(crate) fn absorb(&mut self, newer: &Overlay) {
+        for (which, map) in [
+            (Which::Records, &newer.records),
+            (Which::Index, &newer.index),
+        ] {
+            for entry in &map.entries {
+                let value = entry.value.clone().map(|v| self.append(&newer.bytes[v]));
+                self.set(which, &newer.bytes[entry.key.clone()], value);
+            }
+        }
     }
 
-    /// Writes the overlay into redb's tables in `txn`. The overlay keeps its contents until
-    /// the caller has committed and calls `clear`, so that readers never miss a change.
-    pub(crate) fn write_to(&self, txn: &WriteTransaction) -> Result<()> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        let mut records = txn.open_table(RECORDS)?;
-        for (key, record) in &self.records {
-            match record {
-                Some(bytes) => drop(records.insert(key.as_slice(), bytes.as_slice())?),
-                None => drop(records.remove(key.as_slice())?),
-            }
-        }
-        let mut expiry = txn.open_table(EXPIRY)?;
-        for ((due, key), &present) in &self.index {
-            if present {
-                drop(expiry.insert((*due, key.as_slice()), ())?);
-            } else {
-                drop(expiry.remove((*due, key.as_slice()))?);
-            }
-        }
-        Ok(())
+    /// The record changes in key order (so that a transaction writing a run of them touches
+    /// each page once), and the index changes.
+    pub(crate) fn sorted(&self) -> (Vec<RecordChange<'_>>, Vec<IndexChange<'_>>) {
+        let mut records: Vec<_> = self.pairs(&self.records).collect();
+        records.sort_unstable_by_key(|&(key, _)| key);
+        let index = self
+            .pairs(&self.index)
+            .filter_map(|(indexed, present)| {
+                let (expires_at, key) = indexed.split_first_chunk::<8>()?;
+                Some((u64::from_be_bytes(*expires_at), key, present.is_some()))
+            })
+            .collect();
+        (records, index)
     }
 
     pub(crate) fn clear(&mut self) {
-        self.records.clear();
-        self.index.clear();
+        self.bytes.clear();
+        for map in [&mut self.records, &mut self.index] {
+            map.heads.clear();
+            map.entries.clear();
+        }
     }
+
+    fn append(&mut self, data: &[u8]) -> Range<usize> {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(data);
+        start..self.bytes.len()
+    }
+
+    /// The entry of `key` (whose hash is `hash`) in `map`.
+    fn position(&self, map: &Map, key: &[u8], hash: u64) -> Option<usize> {
+        let mut at = map.heads.get(&hash).copied();
+        while let Some(i) = at {
+            let entry = map.entries.get(i)?;
+            if self.bytes[entry.key.clone()] == *key {
+                return Some(i);
+            }
+            at = entry.next;
+        }
+        None
+    }
+
+    fn set(&mut self, which: Which, key: &[u8], value: Option<Range<usize>>) {
+        let hash = self.hasher.hash_one(key);
+        if let Some(i) = self.position(self.map(which), key, hash) {
+            self.map_mut(which).entries[i].value = value;
+            return;
+        }
+        let key = self.append(key);
+        let map = self.map_mut(which);
+        let next = map.heads.insert(hash, map.entries.len());
+        map.entries.push(Entry { key, value, next });
+    }
+
+    fn map(&self, which: Which) -> &Map {
+        match which {
+            Which::Records => &self.records,
+            Which::Index => &self.index,
+        }
+    }
+
+    fn map_mut(&mut self, which: Which) -> &mut Map {
+        match which {
+            Which::Records => &mut self.records,
+            Which::Index => &mut self.index,
+        }
+    }
+
+    /// Each key once, with its value.
+    fn pairs<'a>(&'a self, map: &'a Map) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> {
+        map.entries.iter().map(|entry| {
+            (
+                &self.bytes[entry.key.clone()],
+                entry.value.clone().map(|v| &self.bytes[v]),
+            )
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Which {
+    Records,
+    Index,
+}
+
+/// Writes `records` and `index` into redb's tables in `txn`.
+pub(crate) fn write(
+    txn: &WriteTransaction,
+    records: &[RecordChange<'_>],
+    index: &[IndexChange<'_>],
+) -> Result<()> {
+    let mut table = txn.open_table(RECORDS)?;
+    for &(key, record) in records {
+        match record {
+            Some(bytes) => drop(table.insert(key, bytes)?),
+            None => drop(table.remove(key)?),
+        }
+    }
+    let mut expiry = txn.open_table(EXPIRY)?;
+    for &(expires_at, key, present) in index {
+        if present {
+            drop(expiry.insert((expires_at, key), ())?);
+        } else {
+            drop(expiry.remove((expires_at, key))?);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -89,15 +215,22 @@ mod tests {
     #[test]
     fn newer_changes_win_and_deletions_are_remembered() {
         let mut overlay = Overlay::default();
-        overlay.set_record(b"a", Some(b"1".to_vec()));
-        overlay.set_record(b"b", Some(b"2".to_vec()));
+        overlay.set_record(b"a", Some(b"1"));
+        overlay.set_record(b"b", Some(b"2"));
+        overlay.set_index(7, b"a", true);
         let mut batch = Overlay::default();
         batch.set_record(b"a", None);
-        batch.set_record(b"b", Some(b"3".to_vec()));
-        overlay.absorb(batch);
+        batch.set_record(b"b", Some(b"3"));
+        batch.set_index(7, b"a", false);
+        batch.set_index(9, b"b", true);
+        overlay.absorb(&batch);
         assert_eq!(overlay.record(b"a"), Some(None));
         assert_eq!(overlay.record(b"b"), Some(Some(&b"3"[..])));
         assert_eq!(overlay.record(b"c"), None);
+        let (records, mut index) = overlay.sorted();
+        index.sort_unstable();
+        assert_eq!(records, [(&b"a"[..], None), (&b"b"[..], Some(&b"3"[..]))]);
+        assert_eq!(index, [(7, &b"a"[..], false), (9, &b"b"[..], true)]);
         overlay.clear();
         assert!(overlay.is_empty());
     }

@@ -18,7 +18,7 @@ use crate::ops::{
     Op, Quota, RECORDS, STORE_FORMAT, Tables, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
-use crate::overlay::Overlay;
+use crate::overlay::{self, Overlay};
 use crate::record::{Record, Response, State, check_size};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Log};
@@ -398,8 +398,8 @@ impl Store {
         if self.layered(&ops) {
             return self.write_layered(&mut writer, ops);
         }
+        self.flush_overlay(&mut writer)?;
         let txn = self.db()?.begin_write()?;
-        self.overlay.read().write_to(&txn)?;
         let mut tables = Tables::direct(&txn)?;
         let (results, counters) = self.with_tables(&mut tables, writer.counters, |t, ctx| {
             apply_all(t, ctx, ops)
@@ -432,32 +432,50 @@ impl Store {
         let batch = tables.into_batch().unwrap_or_default();
         drop(overlay);
         if changes.is_empty() || writer.log.append(&changes)? {
-            self.overlay.write().absorb(batch);
+            let full = {
+                let mut overlay = self.overlay.write();
+                overlay.absorb(&batch);
+                overlay.len() >= OVERLAY_RECORDS
+            };
             writer.counters = counters;
+            if full {
+                self.flush_overlay(writer)?;
+            }
             return Ok(results);
         }
+        self.flush_overlay(writer)?;
         let txn = db.begin_write()?;
-        self.overlay.read().write_to(&txn)?;
-        batch.write_to(&txn)?;
+        let (records, index) = batch.sorted();
+        overlay::write(&txn, &records, &index)?;
         self.commit_durably(txn, writer, counters)?;
         Ok(results)
     }
 
-    /// Writes the overlay into redb (a commit without a sync: the log holds its changes), so
-    /// that a walk of the tables sees every acknowledged write.
+    /// Writes the overlay into redb in one commit without a sync (the log holds its changes)
+    /// and empties it: when it holds `OVERLAY_RECORDS` records, before any transaction that
+    /// writes redb's tables directly, and before a walk of the tables.
     pub(crate) fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
-        if self.overlay.read().is_empty() {
+        let overlay = self.overlay.read();
+        if overlay.is_empty() {
             return Ok(());
         }
-        let txn = self.db()?.begin_write()?;
-        self.overlay.read().write_to(&txn)?;
-        let counters = writer.counters;
-        self.commit(txn, writer, &[], counters)
+        let mut txn = self.db()?.begin_write()?;
+        let (records, index) = overlay.sorted();
+        overlay::write(&txn, &records, &index)?;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|err| Error::storage("writing the overlay", err))?;
+        txn.commit().map_err(|err| {
+            writer.log.commit_failed();
+            Error::from(err)
+        })?;
+        drop(overlay);
+        self.overlay.write().clear();
+        Ok(())
     }
 
     /// Makes a batch durable: through the log and a commit without a sync, or, if the log
     /// cannot take the batch (full, or a write failed), as a checkpoint. The batch's
-    /// `counters` become the store's once it is durable. `txn` must hold the overlay.
+    /// `counters` become the store's once it is durable. The overlay must be empty.
     fn commit(
         &self,
         mut txn: WriteTransaction,
@@ -475,12 +493,11 @@ impl Store {
             Error::from(err)
         })?;
         writer.counters = counters;
-        self.overlay.write().clear();
         Ok(())
     }
 
     /// Commits `txn` durably with `counters` in the meta table, recording that it covers every
-    /// log entry so far, and starts the log again. `txn` must hold the overlay.
+    /// log entry so far, and starts the log again. The overlay must be empty.
     fn commit_durably(
         &self,
         mut txn: WriteTransaction,
@@ -497,7 +514,6 @@ impl Store {
             Ok(()) => {
                 writer.log.checkpointed();
                 writer.counters = counters;
-                self.overlay.write().clear();
                 Ok(())
             }
             Err(err) => {
@@ -612,8 +628,8 @@ impl Store {
         self.check_size(response.size())?;
         let mut writer = self.writer.lock();
         let txn = contain("completing with an effect", || {
+            self.flush_overlay(&mut writer)?;
             let txn = self.db()?.begin_write()?;
-            self.overlay.read().write_to(&txn)?;
             self.with_tables(
                 &mut Tables::direct(&txn)?,
                 writer.counters,
@@ -649,15 +665,15 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        // A last checkpoint, so that the next open has no log to replay.
+        let _ = contain("closing the store", || {
+            let mut writer = self.writer.lock();
+            self.flush_overlay(&mut writer)?;
+            let txn = self.db()?.begin_write()?;
+            let counters = writer.counters;
+            self.commit_durably(txn, &mut writer, counters)
+        });
         if let Some(db) = self.db.take() {
-            // A last checkpoint, so that the next open has no log to replay.
-            let _ = contain("closing the store", || {
-                let mut writer = self.writer.lock();
-                let txn = db.begin_write()?;
-                self.overlay.read().write_to(&txn)?;
-                let counters = writer.counters;
-                self.commit_durably(txn, &mut writer, counters)
-            });
             // redb's drop saves the allocator state and can panic on a damaged file; the error
             // is already reported by the call that met the damage.
             let _ = contain("closing the store", || {
@@ -694,6 +710,15 @@ pub(crate) fn view(record: Record) -> RecordView {
         state,
     }
 }
+
+/// How many records the overlay collects before they are written into redb. Each redb commit
+/// costs page copies, checksums and new roots, so one per 64 records instead of one per
+/// batch is what lifts a lone caller above SQLite (1.06 and 1.11x; 0.85x with one per batch).
+/// Larger was faster still (1.14 and 1.32x at 128, more again with no limit) but costs
+/// resident memory: every flush allocates the pages it touches in the flushing thread's malloc
+/// arena, and with many threads each arena keeps its high-water mark (peak RSS with 300,000
+/// records and 64 threads: 58.7 MiB at 64, 67.0 at 128, 118 with no limit).
+const OVERLAY_RECORDS: usize = 64;
 
 /// Applies a batch's operations in order: an operation's own failure is its result, a storage
 /// failure fails the batch.

@@ -33,8 +33,8 @@ const KEEP_BUFFER: usize = 1 << 20;
 pub(crate) enum Change {
     Put { key: Vec<u8>, record: Vec<u8> },
     Delete { key: Vec<u8> },
-    Index { due: u64, key: Vec<u8> },
-    Unindex { due: u64, key: Vec<u8> },
+    Index { expires_at: u64, key: Vec<u8> },
+    Unindex { expires_at: u64, key: Vec<u8> },
     Counter { counter: Counter, value: u64 },
 }
 
@@ -252,8 +252,12 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
         match change {
             Change::Put { key, record } => drop(records.insert(key.as_slice(), record.as_slice())?),
             Change::Delete { key } => drop(records.remove(key.as_slice())?),
-            Change::Index { due, key } => drop(expiry.insert((due, key.as_slice()), ())?),
-            Change::Unindex { due, key } => drop(expiry.remove((due, key.as_slice()))?),
+            Change::Index { expires_at, key } => {
+                drop(expiry.insert((expires_at, key.as_slice()), ())?);
+            }
+            Change::Unindex { expires_at, key } => {
+                drop(expiry.remove((expires_at, key.as_slice()))?);
+            }
             Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
         }
     }

@@ -425,8 +425,7 @@ fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
         }
     }
     {
-        // 300 index entries older than every record (due in seconds 0 to 2; the records are
-        // due in second 11), pointing at nothing.
+        // 300 index entries older than every record, pointing at nothing.
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         {

@@ -258,11 +258,10 @@ fn sweep_deletes_only_expired_records_in_bounded_batches() -> Result<()> {
     Ok(())
 }
 
-/// The expiry index groups records by the whole second they fall due in; records of the
-/// current second must still be swept exactly when they expire, not before and not a second
-/// late, and a sweep must not spin on the ones that have not.
+/// A sweep takes a record at the millisecond it expires, not before and not later, even when
+/// another record expires in the same second.
 #[test]
-fn sweep_takes_records_of_the_current_second_exactly_when_they_expire() -> Result<()> {
+fn sweep_takes_each_record_exactly_when_it_expires() -> Result<()> {
     let (store, clock) = store()?;
     // Completed 300 ms apart inside one second: they expire 300 ms apart in one due second.
     clock.advance(Duration::from_millis(100));
