@@ -15,7 +15,7 @@ use crate::error::{Error, from_storage};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::outcome::{Claim, Lease, Replay};
-use crate::overlay::Overlay;
+use crate::overlay::{Overlay, Shared};
 use crate::record::{Record, Response, State};
 use crate::wal::{Change, Counter};
 
@@ -322,7 +322,7 @@ enum Data<'a> {
     /// changes over both (see `overlay`). Scans of the tables are not possible here.
     Layered {
         base: ReadOnlyTable<&'static [u8], &'static [u8]>,
-        overlay: &'a Overlay,
+        overlay: &'a Shared,
         batch: Overlay,
     },
 }
@@ -337,7 +337,7 @@ impl<'a> Tables<'a> {
     }
 
     /// The records of the read transaction `snapshot` under `overlay`.
-    pub(crate) fn layered(snapshot: &ReadTransaction, overlay: &'a Overlay) -> Result<Self, Error> {
+    pub(crate) fn layered(snapshot: &ReadTransaction, overlay: &'a Shared) -> Result<Self, Error> {
         Ok(Self::new(Data::Layered {
             base: snapshot.open_table(RECORDS)?,
             overlay,
@@ -369,10 +369,16 @@ impl<'a> Tables<'a> {
                 base,
                 overlay,
                 batch,
-            } => match batch.record(key).or_else(|| overlay.record(key)) {
-                Some(known) => known.map(<[u8]>::to_vec),
-                None => base.get(key)?.map(|v| v.value().to_vec()),
-            },
+            } => {
+                let known = match batch.record(key) {
+                    Some(known) => Some(known.map(<[u8]>::to_vec)),
+                    None => overlay.with_record(key, |known| known.map(<[u8]>::to_vec)),
+                };
+                match known {
+                    Some(known) => known,
+                    None => base.get(key)?.map(|v| v.value().to_vec()),
+                }
+            }
         })
     }
 

@@ -10,12 +10,17 @@
 //! everything the overlay does, so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
-//! changes under it.
+//! changes under it. The shared overlay is split into shards by key, each behind its own
+//! read-write lock: a writer adding a batch or emptying the overlay locks one shard at a time,
+//! so a reader waits for a writer only when both touch the same shard at once. With one lock,
+//! the writer's frequent brief locks parked the readers queued behind it (replays with 16
+//! writing threads fell to 0.65 of the replay-only rate; 0.92 before the overlay).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::ops::Range;
 
+use parking_lot::RwLock;
 use redb::WriteTransaction;
 
 use crate::error::Result;
@@ -86,32 +91,18 @@ impl Overlay {
         self.set(Which::Index, &indexed, present.then_some(0..0));
     }
 
-    /// Takes in `newer` (a committed batch's changes), which win over the overlay's own.
-    pub(crate) fn absorb(&mut self, newer: &Overlay) {
-        for (which, map) in [
-            (Which::Records, &newer.records),
-            (Which::Index, &newer.index),
-        ] {
-            for entry in &map.entries {
-                let value = entry.value.clone().map(|v| self.append(&newer.bytes[v]));
-                self.set(which, &newer.bytes[entry.key.clone()], value);
-            }
-        }
-    }
-
-    /// The record changes in key order (so that a transaction writing a run of them touches
-    /// each page once), and the index changes.
-    pub(crate) fn sorted(&self) -> (Vec<RecordChange<'_>>, Vec<IndexChange<'_>>) {
-        let mut records: Vec<_> = self.pairs(&self.records).collect();
-        records.sort_unstable_by_key(|&(key, _)| key);
-        let index = self
-            .pairs(&self.index)
-            .filter_map(|(indexed, present)| {
-                let (expires_at, key) = indexed.split_first_chunk::<8>()?;
-                Some((u64::from_be_bytes(*expires_at), key, present.is_some()))
-            })
-            .collect();
-        (records, index)
+    /// The record changes and the index changes, in no order.
+    pub(crate) fn changes(
+        &self,
+    ) -> (
+        impl Iterator<Item = RecordChange<'_>>,
+        impl Iterator<Item = IndexChange<'_>>,
+    ) {
+        let index = self.pairs(&self.index).filter_map(|(indexed, present)| {
+            let (expires_at, key) = indexed.split_first_chunk::<8>()?;
+            Some((u64::from_be_bytes(*expires_at), key, present.is_some()))
+        });
+        (self.pairs(&self.records), index)
     }
 
     pub(crate) fn clear(&mut self) {
@@ -178,6 +169,84 @@ impl Overlay {
     }
 }
 
+/// The overlay readers share: `Overlay`s by key hash.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    shards: Box<[RwLock<Overlay>]>,
+    hasher: RandomState,
+}
+
+const SHARDS: usize = 16;
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl Shared {
+    /// `read` of what the overlay knows of `key` (the record's bytes, or `None` if it was
+    /// deleted), under the shard's read lock; `None` if it knows nothing (look in redb).
+    pub(crate) fn with_record<T>(
+        &self,
+        key: &[u8],
+        read: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Option<T> {
+        self.shard(key).read().record(key).map(read)
+    }
+
+    /// Takes in `batch` (a committed batch's changes), which win over the overlay's own.
+    pub(crate) fn absorb(&self, batch: &Overlay) {
+        let (records, index) = batch.changes();
+        for (key, record) in records {
+            self.shard(key).write().set_record(key, record);
+        }
+        for (expires_at, key, present) in index {
+            self.shard(key).write().set_index(expires_at, key, present);
+        }
+    }
+
+    /// How many records it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    /// Runs `write` with every change, the records in key order (so that a transaction
+    /// writing them touches each page once).
+    pub(crate) fn with_changes<T>(
+        &self,
+        write: impl FnOnce(&[RecordChange<'_>], &[IndexChange<'_>]) -> T,
+    ) -> T {
+        let shards: Vec<_> = self.shards.iter().map(|s| s.read()).collect();
+        let (mut records, mut index) = (Vec::new(), Vec::new());
+        for shard in &shards {
+            let (r, i) = shard.changes();
+            records.extend(r);
+            index.extend(i);
+        }
+        records.sort_unstable_by_key(|&(key, _)| key);
+        write(&records, &index)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.read().is_empty())
+    }
+
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            shard.write().clear();
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> &RwLock<Overlay> {
+        let at = self.hasher.hash_one(key) % SHARDS as u64;
+        &self.shards[at as usize]
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Which {
     Records,
@@ -214,23 +283,29 @@ mod tests {
 
     #[test]
     fn newer_changes_win_and_deletions_are_remembered() {
-        let mut overlay = Overlay::default();
-        overlay.set_record(b"a", Some(b"1"));
-        overlay.set_record(b"b", Some(b"2"));
-        overlay.set_index(7, b"a", true);
+        let overlay = Shared::default();
+        let mut first = Overlay::default();
+        first.set_record(b"a", Some(b"1"));
+        first.set_record(b"b", Some(b"2"));
+        first.set_index(7, b"a", true);
+        overlay.absorb(&first);
         let mut batch = Overlay::default();
         batch.set_record(b"a", None);
         batch.set_record(b"b", Some(b"3"));
         batch.set_index(7, b"a", false);
         batch.set_index(9, b"b", true);
         overlay.absorb(&batch);
-        assert_eq!(overlay.record(b"a"), Some(None));
-        assert_eq!(overlay.record(b"b"), Some(Some(&b"3"[..])));
-        assert_eq!(overlay.record(b"c"), None);
-        let (records, mut index) = overlay.sorted();
-        index.sort_unstable();
-        assert_eq!(records, [(&b"a"[..], None), (&b"b"[..], Some(&b"3"[..]))]);
-        assert_eq!(index, [(7, &b"a"[..], false), (9, &b"b"[..], true)]);
+        let read = |key: &[u8]| overlay.with_record(key, |r| r.map(<[u8]>::to_vec));
+        assert_eq!(read(b"a"), Some(None));
+        assert_eq!(read(b"b"), Some(Some(b"3".to_vec())));
+        assert_eq!(read(b"c"), None);
+        assert_eq!(overlay.len(), 2);
+        overlay.with_changes(|records, index| {
+            let mut index = index.to_vec();
+            index.sort_unstable();
+            assert_eq!(records, [(&b"a"[..], None), (&b"b"[..], Some(&b"3"[..]))]);
+            assert_eq!(index, [(7, &b"a"[..], false), (9, &b"b"[..], true)]);
+        });
         overlay.clear();
         assert!(overlay.is_empty());
     }

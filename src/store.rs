@@ -18,7 +18,7 @@ use crate::ops::{
     Op, Quota, RECORDS, STORE_FORMAT, Tables, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
-use crate::overlay::{self, Overlay};
+use crate::overlay::{self, Shared};
 use crate::record::{Record, Response, State, check_size};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Log};
@@ -41,7 +41,7 @@ pub struct Store {
     /// as it holds it.
     pub(crate) writer: parking_lot::Mutex<Writer>,
     /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
-    overlay: parking_lot::RwLock<Overlay>,
+    overlay: Shared,
     /// The highest time the store has used; the store's clock never goes below it.
     high_water: AtomicU64,
 }
@@ -142,7 +142,7 @@ impl Store {
             path,
             waiters: Waiters::default(),
             writer: parking_lot::Mutex::new(writer),
-            overlay: parking_lot::RwLock::new(Overlay::default()),
+            overlay: Shared::default(),
             high_water: AtomicU64::new(high_water),
         })
     }
@@ -354,10 +354,12 @@ impl Store {
 
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
         contain("reading a record", || {
-            if let Some(known) = self.overlay.read().record(key.as_stored()) {
-                return known
-                    .map(|bytes| Record::decode(key.as_stored(), bytes))
-                    .transpose();
+            let stored = key.as_stored();
+            let known = self.overlay.with_record(stored, |bytes| {
+                bytes.map(|b| Record::decode(stored, b)).transpose()
+            });
+            if let Some(record) = known {
+                return record;
             }
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
@@ -423,30 +425,28 @@ impl Store {
     fn write_layered(&self, writer: &mut Writer, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
         let db = self.db()?;
         let snapshot = db.begin_read()?;
-        let overlay = self.overlay.read();
-        let mut tables = Tables::layered(&snapshot, &overlay)?;
+        let mut tables = Tables::layered(&snapshot, &self.overlay)?;
         let (results, counters) = self.with_tables(&mut tables, writer.counters, |t, ctx| {
             apply_all(t, ctx, ops)
         })?;
         let changes = std::mem::take(&mut tables.changes);
         let batch = tables.into_batch().unwrap_or_default();
-        drop(overlay);
         if changes.is_empty() || writer.log.append(&changes)? {
-            let full = {
-                let mut overlay = self.overlay.write();
-                overlay.absorb(&batch);
-                overlay.len() >= OVERLAY_RECORDS
-            };
+            self.overlay.absorb(&batch);
             writer.counters = counters;
-            if full {
+            if self.overlay.len() >= OVERLAY_RECORDS {
                 self.flush_overlay(writer)?;
             }
             return Ok(results);
         }
         self.flush_overlay(writer)?;
         let txn = db.begin_write()?;
-        let (records, index) = batch.sorted();
-        overlay::write(&txn, &records, &index)?;
+        let (records, index) = batch.changes();
+        overlay::write(
+            &txn,
+            &records.collect::<Vec<_>>(),
+            &index.collect::<Vec<_>>(),
+        )?;
         self.commit_durably(txn, writer, counters)?;
         Ok(results)
     }
@@ -455,21 +455,19 @@ impl Store {
     /// and empties it: when it holds `OVERLAY_RECORDS` records, before any transaction that
     /// writes redb's tables directly, and before a walk of the tables.
     pub(crate) fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
-        let overlay = self.overlay.read();
-        if overlay.is_empty() {
+        if self.overlay.is_empty() {
             return Ok(());
         }
         let mut txn = self.db()?.begin_write()?;
-        let (records, index) = overlay.sorted();
-        overlay::write(&txn, &records, &index)?;
+        self.overlay
+            .with_changes(|records, index| overlay::write(&txn, records, index))?;
         txn.set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("writing the overlay", err))?;
         txn.commit().map_err(|err| {
             writer.log.commit_failed();
             Error::from(err)
         })?;
-        drop(overlay);
-        self.overlay.write().clear();
+        self.overlay.clear();
         Ok(())
     }
 
