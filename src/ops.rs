@@ -313,7 +313,7 @@ type ExpiryTable<'a> = Table<'a, (u64, &'static [u8]), ()>;
 
 /// Where a batch reads and writes.
 enum Data<'a> {
-    /// redb's tables in a write transaction (which already holds the overlay).
+    /// redb's tables in a write transaction, begun after the overlay was flushed into them.
     Direct {
         records: RecordsTable<'a>,
         expiry: ExpiryTable<'a>,
