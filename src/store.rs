@@ -458,15 +458,10 @@ impl Store {
         if self.overlay.is_empty() {
             return Ok(());
         }
-        let mut txn = self.db()?.begin_write()?;
+        let txn = self.db()?.begin_write()?;
         self.overlay
             .with_changes(|records, index| overlay::write(&txn, records, index))?;
-        txn.set_durability(redb::Durability::None)
-            .map_err(|err| Error::storage("writing the overlay", err))?;
-        txn.commit().map_err(|err| {
-            writer.log.commit_failed();
-            Error::from(err)
-        })?;
+        self.commit_unsynced(txn, writer)?;
         self.overlay.clear();
         Ok(())
     }
@@ -476,7 +471,7 @@ impl Store {
     /// `counters` become the store's once it is durable. The overlay must be empty.
     fn commit(
         &self,
-        mut txn: WriteTransaction,
+        txn: WriteTransaction,
         writer: &mut Writer,
         changes: &[Change],
         counters: Counters,
@@ -484,14 +479,19 @@ impl Store {
         if !changes.is_empty() && !writer.log.append(changes)? {
             return self.commit_durably(txn, writer, counters);
         }
+        self.commit_unsynced(txn, writer)?;
+        writer.counters = counters;
+        Ok(())
+    }
+
+    /// Commits `txn` without a sync: the log holds its changes already.
+    fn commit_unsynced(&self, mut txn: WriteTransaction, writer: &mut Writer) -> Result<()> {
         txn.set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("committing a batch", err))?;
         txn.commit().map_err(|err| {
             writer.log.commit_failed();
             Error::from(err)
-        })?;
-        writer.counters = counters;
-        Ok(())
+        })
     }
 
     /// Commits `txn` durably with `counters` in the meta table, recording that it covers every
