@@ -826,6 +826,138 @@ impl Client for SqliteClient<'_> {
     }
 }
 
+// --- the floor: group commit of a bare log, no store at all
+
+/// What any store with this API shape must at least do per operation on this machine: queue
+/// the caller, append a record to a preallocated log, share one `fdatasync` per batch, wake the
+/// caller. Leader/follower with a slot per caller, like the store's committer, but no lookups,
+/// no encoding, no B-tree: its pairs/s bound what a blocking, durable, group-committed `claim`
+/// plus `complete` can reach here, whatever the store does.
+struct LogBound {
+    file: File,
+    queue: parking_lot::Mutex<BoundQueue>,
+}
+
+#[derive(Default)]
+struct BoundQueue {
+    buf: Vec<u8>,
+    waiting: Vec<Arc<BoundSlot>>,
+    leader: bool,
+    /// Where the next batch goes in the log, which wraps around like the store's.
+    at: u64,
+}
+
+#[derive(Default)]
+struct BoundSlot {
+    /// 0 queued, 1 lead, 2 durable.
+    state: parking_lot::Mutex<u8>,
+    changed: parking_lot::Condvar,
+}
+
+impl BoundSlot {
+    fn set(&self, state: u8) {
+        *self.state.lock() = state;
+        self.changed.notify_one();
+    }
+
+    fn wait(&self) -> u8 {
+        let mut state = self.state.lock();
+        while *state == 0 {
+            self.changed.wait(&mut state);
+        }
+        *state
+    }
+}
+
+/// The log's length: the store's default `log_size`.
+const BOUND_LOG: u64 = 1 << 20;
+
+impl LogBound {
+    fn create(dir: &Path) -> Res<Self> {
+        let file = File::create(dir.join("bound.log")).map_err(|e| err("create", e))?;
+        file.write_all_at(&vec![0u8; BOUND_LOG as usize], 0)
+            .map_err(|e| err("pwrite", e))?;
+        file.sync_all().map_err(|e| err("fsync", e))?;
+        Ok(LogBound {
+            file,
+            queue: parking_lot::Mutex::new(BoundQueue::default()),
+        })
+    }
+
+    /// Returns once `record` is on disk.
+    fn append(&self, record: &[u8]) -> Res<()> {
+        let slot = Arc::new(BoundSlot::default());
+        let lead = {
+            let mut q = self.queue.lock();
+            q.buf.extend_from_slice(record);
+            q.waiting.push(Arc::clone(&slot));
+            !std::mem::replace(&mut q.leader, true)
+        };
+        if !lead && slot.wait() == 2 {
+            return Ok(());
+        }
+        let (buf, batch, at) = {
+            let mut q = self.queue.lock();
+            let buf = std::mem::take(&mut q.buf);
+            let at = if q.at + buf.len() as u64 > BOUND_LOG {
+                0
+            } else {
+                q.at
+            };
+            q.at = at + buf.len() as u64;
+            (buf, std::mem::take(&mut q.waiting), at)
+        };
+        let written = self
+            .file
+            .write_all_at(&buf, at)
+            .and_then(|()| self.file.sync_data());
+        {
+            let mut q = self.queue.lock();
+            match q.waiting.first() {
+                Some(next) => next.set(1),
+                None => q.leader = false,
+            }
+        }
+        for other in batch.iter().filter(|s| !Arc::ptr_eq(s, &slot)) {
+            other.set(2);
+        }
+        written.map_err(|e| err("log-bound write", e))
+    }
+}
+
+struct LogBoundClient<'a> {
+    log: &'a LogBound,
+    fresh: Fresh,
+    body: Vec<u8>,
+}
+
+impl System for LogBound {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>> {
+        Ok(Box::new(LogBoundClient {
+            log: self,
+            fresh: fresh_for(thread, CELL.fetch_add(1, Ordering::Relaxed)),
+            body: body(),
+        }))
+    }
+}
+
+impl Client for LogBoundClient<'_> {
+    /// Two durable appends, the sizes of a claim's and a completion's log entries.
+    fn pair(&mut self) -> Res<()> {
+        let name = self.fresh.next();
+        let fp = fingerprint_of(&name);
+        let mut claim = name.into_bytes();
+        claim.extend_from_slice(fp.digest());
+        self.log.append(&claim)?;
+        claim.extend_from_slice(&self.body);
+        self.log.append(&claim)
+    }
+
+    fn replay(&mut self) -> Res<()> {
+        Err("log-bound measures pairs only".into())
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running a cell
 
@@ -981,7 +1113,7 @@ fn fdatasync_rate(dir: &Path, secs: f64, pages: u64) -> Res<(f64, Option<Lat>)> 
 
 /// The systems every run measures, plus `postgres` when it can.
 fn systems() -> Vec<&'static str> {
-    let mut systems = vec!["store", "store-nogc", "sqlite-full"];
+    let mut systems = vec!["store", "store-nogc", "sqlite-full", "log-bound"];
     if pg_url().is_some() {
         systems.push("postgres");
     }
@@ -1060,6 +1192,7 @@ impl Runner<'_> {
                 }
                 f(&sys)
             }
+            "log-bound" => f(&LogBound::create(dir.path())?),
             "sqlite-full" => {
                 let sys = SqliteSys::create(dir.path(), Arc::clone(&self.set), cell)?;
                 if prefill {
@@ -1188,6 +1321,9 @@ impl Runner<'_> {
 const WORKLOADS: [&str; 3] = ["pairs", "replay", "mixed"];
 
 fn wanted(only: &[String], system: &str, workload: &str) -> bool {
+    if system == "log-bound" && workload != "pairs" {
+        return false;
+    }
     let (workloads, systems): (Vec<&String>, Vec<&String>) =
         only.iter().partition(|o| WORKLOADS.contains(&o.as_str()));
     (systems.is_empty() || systems.iter().any(|s| *s == system))
@@ -1479,6 +1615,29 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         (
             "pairs_1t_store_over_commit_shaped_fdatasync_half",
             ratio(runner.pairs_at("store", 1), fsync_pages.map(|f| f.0 / 2.0)),
+        ),
+        // The floor's own ratios: what the 64-thread targets would read if the store cost
+        // nothing beyond queueing, one log append and a shared sync per batch.
+        (
+            "pairs_64t_log_bound_over_sqlite",
+            ratio(
+                runner.pairs_at("log-bound", 64),
+                runner.pairs_at("sqlite-full", 64),
+            ),
+        ),
+        (
+            "pairs_log_bound_64t_over_store_1t",
+            ratio(
+                runner.pairs_at("log-bound", 64),
+                runner.pairs_at("store", 1),
+            ),
+        ),
+        (
+            "pairs_64t_store_over_log_bound",
+            ratio(
+                runner.pairs_at("store", 64),
+                runner.pairs_at("log-bound", 64),
+            ),
         ),
         (
             "pairs_1t_sqlite_over_fdatasync_half",
