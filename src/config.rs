@@ -9,6 +9,7 @@ use crate::error::{Error, Result, contain};
 use crate::key::MAX_KEY_LEN;
 use crate::layout::{self, Region, Shared, Tail};
 use crate::store::Store;
+use crate::wal;
 
 /// How a write call's commit reaches the disk before the call returns.
 ///
@@ -221,7 +222,8 @@ impl Builder {
         let path = path.as_ref();
         contain("opening the store", || {
             let storage = open_file(path)?;
-            self.open_storage(storage, Some(path.to_path_buf()))
+            let log_writer = wal::open_log_writer(path)?;
+            self.open_storage(storage, log_writer, Some(path.to_path_buf()))
         })
     }
 
@@ -241,12 +243,17 @@ impl Builder {
     pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
         contain("opening the store", || {
-            self.open_storage(Arc::new(backend), None)
+            self.open_storage(Arc::new(backend), None, None)
         })
     }
 
     /// Reads or writes the store's header, then opens redb on the part after the log.
-    fn open_storage(&self, storage: Shared, path: Option<PathBuf>) -> Result<Store> {
+    fn open_storage(
+        &self,
+        storage: Shared,
+        log_writer: Option<std::fs::File>,
+        path: Option<PathBuf>,
+    ) -> Result<Store> {
         let region = layout::open(&storage, self.log_size)?;
         let tail = Tail {
             inner: Arc::clone(&storage),
@@ -256,7 +263,12 @@ impl Builder {
             .redb()
             .create_with_backend(tail)
             .map_err(redb_open_error)?;
-        Store::init(db, Opened { storage, region }, self.clone(), path)
+        let opened = Opened {
+            storage,
+            region,
+            log_writer,
+        };
+        Store::init(db, opened, self.clone(), path)
     }
 
     fn redb(&self) -> redb::Builder {
@@ -281,6 +293,8 @@ impl Builder {
 pub(crate) struct Opened {
     pub storage: Shared,
     pub region: Region,
+    /// See [`wal::open_log_writer`]; `None` for a custom backend.
+    pub log_writer: Option<std::fs::File>,
 }
 
 fn open_file(path: &Path) -> Result<Shared> {

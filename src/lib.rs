@@ -85,6 +85,7 @@ mod commit;
 mod config;
 mod error;
 mod fingerprint;
+mod flush;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;

@@ -3,18 +3,21 @@
 //! A redb commit, even without a sync, copies every page a batch touches, checksums them and
 //! writes new roots: after the sync itself, the largest cost of a write batch. So a batch of
 //! claims and settlements applies to this overlay instead of to redb: its changes go to the
-//! log and, once synced, into the overlay, where readers look first. The overlay is written
-//! into redb in one commit without a sync (`Store::flush_overlay`) once it holds 64 records,
-//! and before anything that writes redb directly or walks its tables: a checkpoint, a sweep, a
-//! batch of a store with quotas, `complete_with`, `stats`, `verify`, `records`. The log holds
-//! everything the overlay does, so a crash loses nothing.
+//! log and, once durable, into the overlay, where readers look first. Once the active
+//! generation holds 128 records it is frozen and the store's flush thread (`flush`) writes it
+//! into redb in one commit without a sync, while batches fill the next. The whole overlay is
+//! written by the writer itself (`Store::flush_overlay`) before anything that writes redb
+//! directly or walks its tables: a checkpoint, a sweep, a batch of a store with quotas,
+//! `complete_with`, `stats`, `verify`, `records`. The log holds everything the overlay does,
+//! so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
-//! changes under it. The shared overlay is split into shards by key, each behind its own
-//! read-write lock: a writer adding a batch or emptying the overlay locks one shard at a time,
-//! so a reader waits for a writer only when both touch the same shard at once. With one lock,
-//! the writer's frequent brief locks parked the readers queued behind it (replays with 16
-//! writing threads fell to 0.65 of the replay-only rate; 0.92 before the overlay).
+//! changes under it (the flush thread only reads the frozen generation, and the writer empties
+//! it once the thread reports). The shared overlay is split into shards by key, each behind
+//! its own read-write locks: a writer adding a batch or emptying the overlay locks one shard at
+//! a time, so a reader waits for a writer only when both touch the same shard at once. With
+//! one lock, the writer's frequent brief locks parked the readers queued behind it (replays
+//! with 16 writing threads fell to 0.65 of the replay-only rate; 0.92 before the overlay).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -169,11 +172,21 @@ impl Overlay {
     }
 }
 
-/// The overlay readers share: `Overlay`s by key hash.
+/// The overlay readers share: `Overlay`s by key hash, each shard in two generations. The
+/// writer adds batches to the active one; a full active generation is frozen (the shard's two
+/// swap) and written into redb by the store's flush thread while the next fills, then emptied.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    shards: Box<[RwLock<Overlay>]>,
+    shards: Box<[Shard]>,
     hasher: RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    active: RwLock<Overlay>,
+    /// Locked after `active` when both are: a reader holding `active` sees a key either there
+    /// or here, never in neither while a generation is frozen.
+    frozen: RwLock<Overlay>,
 }
 
 const SHARDS: usize = 16;
@@ -181,7 +194,7 @@ const SHARDS: usize = 16;
 impl Default for Shared {
     fn default() -> Self {
         Shared {
-            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hasher: RandomState::new(),
         }
     }
@@ -189,62 +202,105 @@ impl Default for Shared {
 
 impl Shared {
     /// `read` of what the overlay knows of `key` (the record's bytes, or `None` if it was
-    /// deleted), under the shard's read lock; `None` if it knows nothing (look in redb).
+    /// deleted), under the shard's read locks; `None` if it knows nothing (look in redb).
     pub(crate) fn with_record<T>(
         &self,
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Option<T> {
-        self.shard(key).read().record(key).map(read)
+        let shard = self.shard(key);
+        let active = shard.active.read();
+        if let Some(known) = active.record(key) {
+            return Some(read(known));
+        }
+        shard.frozen.read().record(key).map(read)
     }
 
     /// Takes in `batch` (a committed batch's changes), which win over the overlay's own.
     pub(crate) fn absorb(&self, batch: &Overlay) {
         let (records, index) = batch.changes();
         for (key, record) in records {
-            self.shard(key).write().set_record(key, record);
+            self.shard(key).active.write().set_record(key, record);
         }
         for (expires_at, key, present) in index {
-            self.shard(key).write().set_index(expires_at, key, present);
+            self.shard(key)
+                .active
+                .write()
+                .set_index(expires_at, key, present);
         }
     }
 
-    /// How many records it holds.
+    /// How many records the active generation holds.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards.iter().map(|s| s.active.read().len()).sum()
     }
 
-    /// Runs `write` with every change, the records in key order (so that a transaction
+    /// Makes the active generation the frozen one, which must be empty.
+    pub(crate) fn freeze(&self) {
+        for shard in &self.shards {
+            let mut active = shard.active.write();
+            let mut frozen = shard.frozen.write();
+            debug_assert!(frozen.is_empty(), "froze over a generation not yet written");
+            std::mem::swap(&mut *active, &mut *frozen);
+        }
+    }
+
+    /// Runs `write` with every change of the frozen generation, then of the active one if
+    /// `active` (newer changes come later), the records in key order (so that a transaction
     /// writing them touches each page once).
     pub(crate) fn with_changes<T>(
         &self,
-        write: impl FnOnce(&[RecordChange<'_>], &[IndexChange<'_>]) -> T,
-    ) -> T {
-        let shards: Vec<_> = self.shards.iter().map(|s| s.read()).collect();
-        let (mut records, mut index) = (Vec::new(), Vec::new());
-        for shard in &shards {
-            let (r, i) = shard.changes();
-            records.extend(r);
-            index.extend(i);
+        active: bool,
+        mut write: impl FnMut(&[RecordChange<'_>], &[IndexChange<'_>]) -> Result<T>,
+    ) -> Result<T> {
+        let frozen: Vec<_> = self.shards.iter().map(|s| s.frozen.read()).collect();
+        let mut written = write_sorted(&frozen, &mut write)?;
+        if active {
+            let shards: Vec<_> = self.shards.iter().map(|s| s.active.read()).collect();
+            written = write_sorted(&shards, &mut write)?;
         }
-        records.sort_unstable_by_key(|&(key, _)| key);
-        write(&records, &index)
+        Ok(written)
     }
 
+    /// Whether both generations are empty.
     pub(crate) fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| s.read().is_empty())
+        self.shards
+            .iter()
+            .all(|s| s.active.read().is_empty() && s.frozen.read().is_empty())
     }
 
-    pub(crate) fn clear(&self) {
+    pub(crate) fn frozen_is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.frozen.read().is_empty())
+    }
+
+    /// Empties the frozen generation, once redb holds it; and the active one too if `active`.
+    pub(crate) fn clear(&self, active: bool) {
         for shard in &self.shards {
-            shard.write().clear();
+            if active {
+                shard.active.write().clear();
+            }
+            shard.frozen.write().clear();
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &RwLock<Overlay> {
+    fn shard(&self, key: &[u8]) -> &Shard {
         let at = self.hasher.hash_one(key) % SHARDS as u64;
         &self.shards[at as usize]
     }
+}
+
+fn write_sorted<T, G: std::ops::Deref<Target = Overlay>>(
+    shards: &[G],
+    write: &mut impl FnMut(&[RecordChange<'_>], &[IndexChange<'_>]) -> Result<T>,
+) -> Result<T> {
+    let (mut records, mut index) = (Vec::new(), Vec::new());
+    for shard in shards {
+        let (r, i) = shard.changes();
+        records.extend(r);
+        index.extend(i);
+    }
+    records.sort_unstable_by_key(|&(key, _)| key);
+    write(&records, &index)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -300,13 +356,65 @@ mod tests {
         assert_eq!(read(b"b"), Some(Some(b"3".to_vec())));
         assert_eq!(read(b"c"), None);
         assert_eq!(overlay.len(), 2);
-        overlay.with_changes(|records, index| {
-            let mut index = index.to_vec();
-            index.sort_unstable();
-            assert_eq!(records, [(&b"a"[..], None), (&b"b"[..], Some(&b"3"[..]))]);
-            assert_eq!(index, [(7, &b"a"[..], false), (9, &b"b"[..], true)]);
-        });
-        overlay.clear();
+        let (mut records, mut index) = (Vec::new(), Vec::new());
+        overlay
+            .with_changes(true, |r, i| {
+                records.extend(r.iter().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))));
+                index.extend(i.iter().map(|(at, k, present)| (*at, k.to_vec(), *present)));
+                Ok(())
+            })
+            .expect("changes");
+        index.sort_unstable();
+        assert_eq!(
+            records,
+            [(b"a".to_vec(), None), (b"b".to_vec(), Some(b"3".to_vec()))]
+        );
+        assert_eq!(index, [(7, b"a".to_vec(), false), (9, b"b".to_vec(), true)]);
+        overlay.clear(true);
         assert!(overlay.is_empty());
+    }
+
+    #[test]
+    fn a_frozen_generation_stays_readable_until_cleared_and_newer_changes_win() {
+        let overlay = Shared::default();
+        let mut first = Overlay::default();
+        first.set_record(b"a", Some(b"1"));
+        first.set_record(b"b", Some(b"2"));
+        overlay.absorb(&first);
+        overlay.freeze();
+        assert_eq!(overlay.len(), 0, "the active generation starts empty");
+        let mut second = Overlay::default();
+        second.set_record(b"b", None);
+        overlay.absorb(&second);
+        let read = |key: &[u8]| overlay.with_record(key, |r| r.map(<[u8]>::to_vec));
+        assert_eq!(
+            read(b"a"),
+            Some(Some(b"1".to_vec())),
+            "read from the frozen one"
+        );
+        assert_eq!(read(b"b"), Some(None), "the active deletion wins");
+        let mut written = Vec::new();
+        overlay
+            .with_changes(false, |records, _| {
+                written.extend(
+                    records
+                        .iter()
+                        .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))),
+                );
+                Ok(())
+            })
+            .expect("changes");
+        assert_eq!(
+            written,
+            [
+                (b"a".to_vec(), Some(b"1".to_vec())),
+                (b"b".to_vec(), Some(b"2".to_vec()))
+            ],
+            "the flush thread writes the frozen generation only"
+        );
+        overlay.clear(false);
+        assert!(overlay.frozen_is_empty());
+        assert_eq!(read(b"a"), None, "once cleared, redb answers");
+        assert_eq!(read(b"b"), Some(None));
     }
 }
