@@ -8,6 +8,10 @@
 //! view (a redb snapshot plus both generations) never loses the frozen changes halfway. One
 //! thread per store, stopped and joined when the store closes; redb's page buffers for these
 //! commits come from this one thread's allocator arena, not from whichever caller leads.
+//!
+//! When the log's half fills up, the frozen generation is everything logged so far, and the
+//! thread commits it durably as a checkpoint (`Job::Checkpoint`) while the writers go on in
+//! the log's other half.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -16,6 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
 use crate::error::{Error, Result, contain};
+use crate::ops::{Counters, META, META_LOG_SEQ};
 use crate::overlay::{self, Shared};
 
 pub(crate) struct Flusher {
@@ -34,11 +39,25 @@ enum State {
     #[default]
     Idle,
     /// The frozen generation waits to be written.
-    Requested,
+    Requested(Job),
     Writing,
     /// Written (or failed); not yet collected.
-    Done(Result<()>),
+    Done(Job, Result<()>),
     Stop,
+}
+
+/// What the thread does with a frozen generation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Job {
+    /// A commit without a sync: the log holds the changes.
+    Flush,
+    /// A durable commit that also records the counters and that the log is applied up to
+    /// `seq` (the generation holds every change logged until then).
+    Checkpoint {
+        seq: u64,
+        counters: Counters,
+        quick_repair: bool,
+    },
 }
 
 impl Flusher {
@@ -62,20 +81,20 @@ impl Flusher {
     }
 
     /// Hands the frozen generation to the thread; it must be idle.
-    pub(crate) fn request(&self) {
-        *self.shared.state.lock() = State::Requested;
+    pub(crate) fn request(&self, job: Job) {
+        *self.shared.state.lock() = State::Requested(job);
         self.shared.changed.notify_all();
     }
 
-    /// The outcome of the thread's last write, if it has finished one not yet collected; with
-    /// `wait`, first waits for a write in progress to finish.
-    pub(crate) fn collect(&self, wait: bool) -> Option<Result<()>> {
+    /// The outcome of the thread's last job, if it has finished one not yet collected; with
+    /// `wait`, first waits for a job in progress to finish.
+    pub(crate) fn collect(&self, wait: bool) -> Option<(Job, Result<()>)> {
         let mut state = self.shared.state.lock();
-        while wait && matches!(*state, State::Requested | State::Writing) {
+        while wait && matches!(*state, State::Requested(_) | State::Writing) {
             self.shared.changed.wait(&mut state);
         }
         match std::mem::take(&mut *state) {
-            State::Done(result) => Some(result),
+            State::Done(job, result) => Some((job, result)),
             other => {
                 *state = other;
                 None
@@ -87,7 +106,7 @@ impl Flusher {
     pub(crate) fn stop(&mut self) {
         {
             let mut state = self.shared.state.lock();
-            while matches!(*state, State::Requested | State::Writing) {
+            while matches!(*state, State::Requested(_) | State::Writing) {
                 self.shared.changed.wait(&mut state);
             }
             *state = State::Stop;
@@ -108,28 +127,45 @@ impl Drop for Flusher {
 
 fn run(channel: &Channel, db: &Database, overlay: &Shared) {
     loop {
-        {
+        let job = {
             let mut state = channel.state.lock();
-            while !matches!(*state, State::Requested | State::Stop) {
-                channel.changed.wait(&mut state);
-            }
-            if matches!(*state, State::Stop) {
-                return;
-            }
+            let job = loop {
+                match *state {
+                    State::Requested(job) => break job,
+                    State::Stop => return,
+                    _ => channel.changed.wait(&mut state),
+                }
+            };
             *state = State::Writing;
-        }
-        let result = contain("writing the overlay into the tables", || write(db, overlay));
-        *channel.state.lock() = State::Done(result);
+            job
+        };
+        let result = contain("writing the overlay into the tables", || {
+            write(db, overlay, job)
+        });
+        *channel.state.lock() = State::Done(job, result);
         channel.changed.notify_all();
     }
 }
 
-/// The frozen generation into redb, in one commit without a sync: the log holds its changes.
-fn write(db: &Database, overlay: &Shared) -> Result<()> {
+/// The frozen generation into redb, in one commit.
+fn write(db: &Database, overlay: &Shared, job: Job) -> Result<()> {
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |records, index| overlay::write(&txn, records, index))?;
-    txn.set_durability(redb::Durability::None)
-        .map_err(|err| Error::storage("committing a batch", err))?;
+    match job {
+        Job::Flush => txn
+            .set_durability(redb::Durability::None)
+            .map_err(|err| Error::storage("committing a batch", err))?,
+        Job::Checkpoint {
+            seq,
+            counters,
+            quick_repair,
+        } => {
+            txn.set_quick_repair(quick_repair);
+            let mut meta = txn.open_table(META)?;
+            counters.save(&mut meta)?;
+            meta.insert(META_LOG_SEQ, seq)?;
+        }
+    }
     txn.commit()?;
     Ok(())
 }

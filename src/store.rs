@@ -13,7 +13,7 @@ use crate::commit::Committer;
 use crate::config::{Builder, Durability, WhenFull};
 use crate::error::{Error, Result, contain};
 use crate::fingerprint::Fingerprint;
-use crate::flush::Flusher;
+use crate::flush::{Flusher, Job};
 use crate::key::Key;
 use crate::ops::{
     Counters, Ctx, Decision, Done, EXPIRY, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN,
@@ -429,7 +429,8 @@ impl Store {
     }
 
     /// Runs a batch on the overlay: once its log entry is synced its changes join the overlay,
-    /// with no redb commit. If the log is full, the batch checkpoints instead.
+    /// with no redb commit. If the log's half is full, the log moves to the other half; if it
+    /// cannot, the batch checkpoints instead.
     fn write_layered(&self, writer: &mut Writer, ops: Vec<Op>) -> Result<Vec<Result<Done>>> {
         self.collect_flush(writer, false);
         let db = self.db()?;
@@ -440,7 +441,10 @@ impl Store {
         })?;
         let changes = std::mem::take(&mut tables.changes);
         let batch = tables.into_batch().unwrap_or_default();
-        if changes.is_empty() || writer.log.append(&changes)? {
+        if changes.is_empty()
+            || writer.log.append(&changes)?
+            || (self.switch_log(writer) && writer.log.append(&changes)?)
+        {
             self.overlay.absorb(&batch);
             writer.counters = counters;
             self.hand_over(writer)?;
@@ -468,20 +472,45 @@ impl Store {
         self.collect_flush(writer, false);
         if self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.overlay.freeze();
-            self.flusher.request();
+            self.flusher.request(Job::Flush);
         } else if self.overlay.len() >= OVERLAY_LIMIT {
             self.flush_overlay(writer)?;
         }
         Ok(())
     }
 
+    /// When the log's half is full: hands everything logged so far to the flush thread as a
+    /// checkpoint, and moves the log to its other half (see `Log::switch`). False if it cannot:
+    /// the other half's checkpoint or a write failed.
+    fn switch_log(&self, writer: &mut Writer) -> bool {
+        self.collect_flush(writer, true);
+        if !self.overlay.frozen_is_empty() {
+            return false;
+        }
+        let Some(seq) = writer.log.switch() else {
+            return false;
+        };
+        self.overlay.freeze();
+        self.flusher.request(Job::Checkpoint {
+            seq,
+            counters: writer.counters,
+            quick_repair: self.config.durability == Durability::QuickRepair,
+        });
+        true
+    }
+
     /// Takes the flush thread's report, waiting for it with `wait`: a written generation
-    /// leaves the overlay; one that failed stays, and the next batch checkpoints, which
-    /// writes it (`flush_overlay`).
+    /// leaves the overlay, and a checkpoint frees the log's other half; a generation that
+    /// failed stays, and the next batch checkpoints, which writes it (`flush_overlay`).
     fn collect_flush(&self, writer: &mut Writer, wait: bool) {
         match self.flusher.collect(wait) {
-            Some(Ok(())) => self.overlay.clear(false),
-            Some(Err(_)) => writer.log.commit_failed(),
+            Some((job, Ok(()))) => {
+                self.overlay.clear(false);
+                if matches!(job, Job::Checkpoint { .. }) {
+                    writer.log.freed();
+                }
+            }
+            Some((_, Err(_))) => writer.log.commit_failed(),
             None => {}
         }
     }

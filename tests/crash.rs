@@ -30,6 +30,9 @@ fn builder(clock: &ManualClock) -> idempotency_store::Builder {
         .retention(RETENTION)
         .lease(LEASE)
         .max_batch(32)
+        // A small log (halves of 32 KiB): the children switch log halves and checkpoint in
+        // the background many times between kills, so kills land in those too.
+        .log_size(64 << 10)
         .clock(clock.clone());
     builder
 }
