@@ -26,10 +26,10 @@ const MAGIC: &[u8; 18] = b"idempotency-store\n";
 /// The layout this build writes and reads (independent of the record format).
 const LAYOUT_VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: u64 = 4096;
-/// The default log region of a new file. 1 MiB holds about 1,500 claim+complete pairs between
-/// checkpoints, which makes the checkpoints' cost negligible; a bigger log bought no measurable
-/// throughput (BENCHMARKS.md) but keeps more pages that non-durable commits freed waiting for
-/// the next checkpoint, in the file and in redb's write buffer.
+/// The default log region of a new file. Each half holds about 750 claim+complete pairs
+/// between checkpoints; a bigger log bought no measurable throughput (BENCHMARKS.md) but keeps
+/// more pages that non-durable commits freed waiting for the next checkpoint, in the file and
+/// in redb's write buffer.
 pub(crate) const DEFAULT_LOG_LEN: u64 = 1 << 20;
 /// The log sizes a header may name (`Builder::log_size` checks the same lower bound).
 pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;

@@ -34,8 +34,8 @@
 //!
 //! - **One winner.** For a key, exactly one claim acquires it until that attempt settles or
 //!   its lease lapses; claims are serialised by redb's single writer.
-//! - **Durable acknowledgements.** When a write call returns `Ok`, its commit has been synced
-//!   (`fdatasync`) and survives a process kill or power loss. Under
+//! - **Durable acknowledgements.** When a write call returns `Ok`, its write has been synced
+//!   to disk and survives a process kill or power loss. Under
 //!   [`Durability::QuickRepair`] the first open after a crash is also instant.
 //! - **Fencing.** Every lease carries a token unique for the life of the file; `complete`,
 //!   `release`, `heartbeat` and `checkpoint` from an attempt that was taken over fail with

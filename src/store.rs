@@ -442,8 +442,8 @@ impl Store {
         let changes = std::mem::take(&mut tables.changes);
         let batch = tables.into_batch().unwrap_or_default();
         if changes.is_empty()
-            || writer.log.append(&changes)?
-            || (self.switch_log(writer) && writer.log.append(&changes)?)
+            || writer.log.append(&changes, false)?
+            || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
             self.overlay.absorb(&batch);
             writer.counters = counters;
@@ -541,7 +541,7 @@ impl Store {
         changes: &[Change],
         counters: Counters,
     ) -> Result<()> {
-        if !changes.is_empty() && !writer.log.append(changes)? {
+        if !changes.is_empty() && !writer.log.append(changes, true)? {
             return self.commit_durably(txn, writer, counters);
         }
         self.commit_unsynced(txn, writer)?;
