@@ -20,7 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
 use crate::error::{Error, Result, contain};
-use crate::ops::{Counters, META, META_LOG_SEQ};
+use crate::ops::Counters;
 use crate::overlay::{self, Shared};
 
 pub(crate) struct Flusher {
@@ -159,12 +159,7 @@ fn write(db: &Database, overlay: &Shared, job: Job) -> Result<()> {
             seq,
             counters,
             quick_repair,
-        } => {
-            txn.set_quick_repair(quick_repair);
-            let mut meta = txn.open_table(META)?;
-            counters.save(&mut meta)?;
-            meta.insert(META_LOG_SEQ, seq)?;
-        }
+        } => counters.checkpoint(&mut txn, seq, quick_repair)?,
     }
     txn.commit()?;
     Ok(())

@@ -243,6 +243,22 @@ impl Counters {
         Ok(())
     }
 
+    /// Makes `txn` a checkpoint: it writes these counters and records that the log is applied
+    /// up to entry `seq` (and, with `quick_repair`, redb's allocator state).
+    pub(crate) fn checkpoint(
+        &self,
+        txn: &mut WriteTransaction,
+        seq: u64,
+        quick_repair: bool,
+    ) -> Result<(), Error> {
+        txn.set_quick_repair(quick_repair);
+        let mut meta = txn.open_table(META)?;
+        self.save(&mut meta)?;
+        meta.insert(META_LOG_SEQ, seq)
+            .map_err(|e| from_storage("writing the metadata", e))?;
+        Ok(())
+    }
+
     /// The changes that turn `before` into `self`, for the log.
     pub(crate) fn changes_since(&self, before: &Counters) -> impl Iterator<Item = Change> {
         self.values()

@@ -567,12 +567,11 @@ impl Store {
         writer: &mut Writer,
         counters: Counters,
     ) -> Result<()> {
-        txn.set_quick_repair(self.config.durability == Durability::QuickRepair);
-        {
-            let mut meta = txn.open_table(META)?;
-            counters.save(&mut meta)?;
-            meta.insert(META_LOG_SEQ, writer.log.last_seq())?;
-        }
+        counters.checkpoint(
+            &mut txn,
+            writer.log.last_seq(),
+            self.config.durability == Durability::QuickRepair,
+        )?;
         match txn.commit() {
             Ok(()) => {
                 writer.log.checkpointed();
