@@ -8,10 +8,11 @@ use redb::ReadableDatabase;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result, contain};
 use crate::key::Key;
-use crate::ops::{Done, Op, RECORDS};
+use crate::ops::{Done, Op};
 use crate::outcome::RecordView;
 use crate::record::Record;
 use crate::store::{Store, misrouted, view};
+use crate::tables::{self, RECORDS};
 
 /// One record with its key, as [`Store::records`] yields it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,6 +172,12 @@ impl Store {
 
 /// Decodes one stored entry; a damaged one becomes an error naming its key.
 fn stored_record(key: &[u8], value: &[u8]) -> Result<StoredRecord> {
+    let Some(key) = tables::stored_key(key) else {
+        return Err(Error::corrupted(format!(
+            "a record is filed under a key ({:?}) whose hash prefix does not match it",
+            String::from_utf8_lossy(key)
+        )));
+    };
     let name = |bytes: &[u8]| match Key::from_stored(bytes) {
         Ok(key) => format!("{:?}", key.to_string()),
         Err(_) => format!("{:?}", String::from_utf8_lossy(bytes)),

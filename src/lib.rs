@@ -99,6 +99,7 @@ mod postgres;
 mod record;
 mod store;
 mod sweep;
+mod tables;
 mod wait;
 mod wal;
 

@@ -2,11 +2,11 @@
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use crate::error::{Result, contain};
+use crate::error::{Error, Result, contain};
 use crate::key::Key;
-use crate::ops::{EXPIRY, RECORDS};
 use crate::record::{Record, State};
 use crate::store::Store;
+use crate::tables::{self, EXPIRY, RECORDS};
 
 /// What [`Store::verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,9 +71,15 @@ impl Store {
         let mut actual = (0u64, 0u64);
         let mut report = VerifyReport::default();
         for entry in records.iter()? {
-            let (key, value) = entry?;
-            let key = key.value();
+            let (filed, value) = entry?;
             report.records += 1;
+            let Some(key) = tables::stored_key(filed.value()) else {
+                report.problems.push(format!(
+                    "record {:?} is filed under a hash that is not its key's",
+                    String::from_utf8_lossy(filed.value())
+                ));
+                continue;
+            };
             actual.0 += 1;
             actual.1 += (key.len() + value.value().len()) as u64;
             let name = match Key::from_stored(key) {
@@ -91,7 +97,10 @@ impl Store {
                     continue;
                 }
             };
-            if expiry.get((record.expires_at, key))?.is_none() {
+            if expiry
+                .get((record.expires_at, tables::key_hash(key)))?
+                .is_none()
+            {
                 report.problems.push(format!(
                     "record {name:?} has no expiry entry at {}",
                     record.expires_at
@@ -111,17 +120,20 @@ impl Store {
             ));
         }
         for entry in expiry.iter()? {
-            let (index_key, _) = entry?;
-            let (expires_at, key) = index_key.value();
+            let (expires_at, hash) = entry?.0.value();
             report.expiry_entries += 1;
             // An undecodable owner was reported by the record walk already.
-            let matches = records.get(key)?.map(|v| {
-                Record::decode(key, v.value()).map_or(true, |r| r.expires_at == expires_at)
-            });
-            if matches != Some(true) {
+            let matches = tables::under_hash(&records, hash)?
+                .iter()
+                .any(|(filed, value)| {
+                    tables::stored_key(filed).is_some_and(|key| {
+                        Record::decode(key, value).map_or(true, |r| r.expires_at == expires_at)
+                    })
+                });
+            if !matches {
                 report.problems.push(format!(
-                    "expiry entry ({expires_at}, {:?}) has no record expiring then",
-                    String::from_utf8_lossy(key)
+                    "expiry entry ({expires_at}, key hash {hash:016x}) has no record expiring \
+                     then"
                 ));
             }
         }
@@ -150,8 +162,11 @@ impl Store {
             ..Stats::default()
         };
         for entry in records.iter()? {
-            let (key, value) = entry?;
-            let record = Record::decode(key.value(), value.value())?;
+            let (filed, value) = entry?;
+            let key = tables::stored_key(filed.value()).ok_or_else(|| {
+                Error::corrupted("a record is filed under a hash that is not its key's")
+            })?;
+            let record = Record::decode(key, value.value())?;
             if record.is_expired(now) {
                 stats.expired += 1;
                 continue;

@@ -17,21 +17,17 @@ use crate::key::Key;
 use crate::outcome::{Claim, Lease, Replay};
 use crate::overlay::{Overlay, Shared};
 use crate::record::{Record, Response, State};
+use crate::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::wal::{Change, Counter};
 
-/// Stored key → versioned record bytes.
-pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> =
-    TableDefinition::new("idempotency_records");
-/// `(expires_at_ms, stored key)` → `()`: exactly one entry per record.
-pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
-    TableDefinition::new("idempotency_expiry");
 /// Format version, the fencing-token counter, the clock's high-water mark and usage counters.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
 
 pub(crate) const META_FORMAT: &str = "format_version";
 /// The layout of the tables and the record format they hold (each record also carries its own
-/// version byte). 2: records of format 2.
-pub(crate) const STORE_FORMAT: u64 = 2;
+/// version byte). 2: records of format 2. 3: records filed under their key's hash, the expiry
+/// index by `(time, hash)` (see `tables`).
+pub(crate) const STORE_FORMAT: u64 = 3;
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
 pub(crate) const META_RECORDS: &str = "record_count";
@@ -133,25 +129,45 @@ impl From<redb::StorageError> for Fail {
     }
 }
 
-/// Whose the index entry `(expires_at, key)` is.
-fn owner(records: &RecordsTable<'_>, expires_at: u64, key: &[u8]) -> Result<Owner, Fail> {
-    let Some(bytes) = records.get(key)? else {
-        return Ok(Owner::Stale);
-    };
-    Ok(match Record::decode(key, bytes.value()) {
-        Ok(record) if record.expires_at == expires_at => Owner::Record(record),
-        Ok(_) => Owner::Stale,
-        Err(_) => Owner::Damaged,
-    })
+/// The records the index entry `(expires_at, hash)` stands for, by stored key: those under
+/// the hash that expire then, and those that do not decode. None: the entry is stale.
+fn owners(
+    records: &RecordsTable<'_>,
+    expires_at: u64,
+    hash: u64,
+) -> Result<Vec<(Vec<u8>, Owner)>, Fail> {
+    let mut found = Vec::new();
+    for (key, bytes) in tables::under_hash(records, hash)? {
+        // A key under another key's hash is damage no lookup reaches; `verify` reports it.
+        let Some(stored) = tables::stored_key(&key) else {
+            continue;
+        };
+        match Record::decode(stored, &bytes) {
+            Ok(record) if record.expires_at == expires_at => {
+                found.push((stored.to_vec(), Owner::Record(record)));
+            }
+            Ok(_) => {}
+            Err(_) => found.push((stored.to_vec(), Owner::Damaged)),
+        }
+    }
+    Ok(found)
 }
 
-/// The owner of an expiry-index entry.
+/// An owner of an expiry-index entry.
 enum Owner {
     Record(Record),
-    /// The key's record is gone or expires at another time.
-    Stale,
-    /// The key's record does not decode; a sweep deletes it like an expired one.
+    /// The record does not decode; a sweep deletes it like an expired one.
     Damaged,
+}
+
+/// One deletion a sweep chose; they sort in the order a sweep takes them: oldest first, ties
+/// by key.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Doomed {
+    expires_at: u64,
+    /// The record's stored key; None for a stale entry, which only goes itself.
+    key: Option<Vec<u8>>,
+    hash: u64,
 }
 
 /// The settings and counters one batch works with.
@@ -325,7 +341,6 @@ pub(crate) struct Tables<'a> {
 }
 
 type RecordsTable<'a> = Table<'a, &'static [u8], &'static [u8]>;
-type ExpiryTable<'a> = Table<'a, (u64, &'static [u8]), ()>;
 
 /// Where a batch reads and writes.
 enum Data<'a> {
@@ -380,7 +395,10 @@ impl<'a> Tables<'a> {
     /// The key's record bytes.
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
         Ok(match &self.data {
-            Data::Direct { records, .. } => records.get(key)?.map(|v| v.value().to_vec()),
+            Data::Direct { records, .. } => {
+                let key = tables::record_key(key);
+                records.get(key.as_slice())?.map(|v| v.value().to_vec())
+            }
             Data::Layered {
                 base,
                 overlay,
@@ -392,7 +410,10 @@ impl<'a> Tables<'a> {
                 };
                 match known {
                     Some(known) => known,
-                    None => base.get(key)?.map(|v| v.value().to_vec()),
+                    None => {
+                        let key = tables::record_key(key);
+                        base.get(key.as_slice())?.map(|v| v.value().to_vec())
+                    }
                 }
             }
         })
@@ -401,9 +422,10 @@ impl<'a> Tables<'a> {
     /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
         if let Data::Direct { records, .. } = &mut self.data {
+            let key = tables::record_key(key);
             let old = match record {
-                Some(bytes) => records.insert(key, bytes)?,
-                None => records.remove(key)?,
+                Some(bytes) => records.insert(key.as_slice(), bytes)?,
+                None => records.remove(key.as_slice())?,
             };
             return Ok(old.map(|v| v.value().len()));
         }
@@ -416,8 +438,8 @@ impl<'a> Tables<'a> {
 
     fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail> {
         match &mut self.data {
-            Data::Direct { expiry, .. } if present => drop(expiry.insert((expires_at, key), ())?),
-            Data::Direct { expiry, .. } => drop(expiry.remove((expires_at, key))?),
+            Data::Direct { expiry, .. } if present => tables::index(expiry, expires_at, key)?,
+            Data::Direct { records, expiry } => tables::unindex(expiry, records, expires_at, key)?,
             Data::Layered { batch, .. } => batch.set_index(expires_at, key, present),
         }
         Ok(())
@@ -480,6 +502,15 @@ impl<'a> Tables<'a> {
             expires_at,
             key: key.to_vec(),
         });
+        Ok(())
+    }
+
+    /// Drops a stale index entry. Only scans find those, and scans run in direct batches.
+    fn drop_entry(&mut self, expires_at: u64, hash: u64) -> Result<(), Fail> {
+        if let Data::Direct { expiry, .. } = &mut self.data {
+            expiry.remove((expires_at, hash))?;
+        }
+        self.changes.push(Change::DropEntry { expires_at, hash });
         Ok(())
     }
 
@@ -634,29 +665,54 @@ impl<'a> Tables<'a> {
         })
     }
 
-    /// Takes up to `limit` expired entries from the expiry index, oldest first, and deletes
-    /// their records; a stale entry (its record gone or expiring at another time) only goes
+    /// Takes up to `limit` expired records, oldest first (ties by key), and deletes them with
+    /// their index entries; a stale entry (no record expires then under its hash) only goes
     /// itself, but uses up a place. `more` says whether expired entries remain.
     fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<Done, Fail> {
         let end = now.as_millis().saturating_add(1);
-        let (mut work, mut more) = (Vec::new(), false);
+        let (mut doomed, mut more) = (Vec::<Doomed>::new(), false);
         let (records, expiry) = self.scannable()?;
-        for entry in expiry.range(..(end, &[][..]))? {
-            let (index_key, _) = entry?;
-            let (expires_at, key) = index_key.value();
-            if work.len() == limit {
+        for entry in expiry.range(..(end, 0))? {
+            let (expires_at, hash) = entry?.0.value();
+            // Entries of one time come in hash order: take all of the last time, then sort.
+            if doomed.len() >= limit && doomed.last().map(|d| d.expires_at) != Some(expires_at) {
                 more = true;
                 break;
             }
-            let owned = !matches!(owner(records, expires_at, key)?, Owner::Stale);
-            work.push((expires_at, key.to_vec(), owned));
+            let found = owners(records, expires_at, hash)?;
+            if found.is_empty() {
+                doomed.push(Doomed {
+                    expires_at,
+                    key: None,
+                    hash,
+                });
+            }
+            for (key, owner) in found {
+                // A damaged record answers to every entry under its hash: delete it once.
+                let again = matches!(owner, Owner::Damaged)
+                    && doomed.iter().any(|d| d.key.as_ref() == Some(&key));
+                if !again {
+                    doomed.push(Doomed {
+                        expires_at,
+                        key: Some(key),
+                        hash,
+                    });
+                }
+            }
+        }
+        doomed.sort_unstable();
+        if doomed.len() > limit {
+            doomed.truncate(limit);
+            more = true;
         }
         let mut deleted = 0;
-        for (expires_at, key, owned) in work {
-            self.unindex(expires_at, &key)?;
-            if owned {
-                self.remove_record(&key)?;
-                deleted += 1;
+        for doomed in doomed {
+            match doomed.key {
+                None => self.drop_entry(doomed.expires_at, doomed.hash)?,
+                Some(key) => {
+                    self.delete(&key, doomed.expires_at)?;
+                    deleted += 1;
+                }
             }
         }
         Ok(Done::Swept { deleted, more })
@@ -680,18 +736,26 @@ impl<'a> Tables<'a> {
     }
 
     /// Deletes the completed record that expires first (the oldest completion, as all share
-    /// one retention); false if none is found near the front of the expiry index.
+    /// one retention; ties by key); false if none is found near the front of the expiry index.
     fn evict_oldest_completed(&mut self) -> Result<bool, Fail> {
-        let mut victim = None;
+        let mut victim: Option<(u64, Vec<u8>)> = None;
         let (records, expiry) = self.scannable()?;
         for entry in expiry.iter()?.take(EVICT_SCAN) {
-            let (index_key, _) = entry?;
-            let (expires_at, key) = index_key.value();
-            if let Owner::Record(record) = owner(records, expires_at, key)?
-                && matches!(record.state, State::Completed { .. })
-            {
-                victim = Some((record.expires_at, key.to_vec()));
+            let (expires_at, hash) = entry?.0.value();
+            if victim.as_ref().is_some_and(|(t, _)| *t != expires_at) {
                 break;
+            }
+            for (key, owner) in owners(records, expires_at, hash)? {
+                let completed = matches!(
+                    owner,
+                    Owner::Record(Record {
+                        state: State::Completed { .. },
+                        ..
+                    })
+                );
+                if completed && victim.as_ref().is_none_or(|(_, k)| key < *k) {
+                    victim = Some((expires_at, key));
+                }
             }
         }
         match victim {

@@ -27,7 +27,7 @@ use parking_lot::RwLock;
 use redb::WriteTransaction;
 
 use crate::error::Result;
-use crate::ops::{EXPIRY, RECORDS};
+use crate::tables::{self, EXPIRY, RECORDS};
 
 /// A record set (`Some`) or deleted (`None`).
 pub(crate) type RecordChange<'a> = (&'a [u8], Option<&'a [u8]>);
@@ -317,17 +317,18 @@ pub(crate) fn write(
 ) -> Result<()> {
     let mut table = txn.open_table(RECORDS)?;
     for &(key, record) in records {
+        let key = tables::record_key(key);
         match record {
-            Some(bytes) => drop(table.insert(key, bytes)?),
-            None => drop(table.remove(key)?),
+            Some(bytes) => drop(table.insert(key.as_slice(), bytes)?),
+            None => drop(table.remove(key.as_slice())?),
         }
     }
     let mut expiry = txn.open_table(EXPIRY)?;
     for &(expires_at, key, present) in index {
         if present {
-            drop(expiry.insert((expires_at, key), ())?);
+            tables::index(&mut expiry, expires_at, key)?;
         } else {
-            drop(expiry.remove((expires_at, key))?);
+            tables::unindex(&mut expiry, &table, expires_at, key)?;
         }
     }
     Ok(())

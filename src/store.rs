@@ -16,12 +16,13 @@ use crate::fingerprint::Fingerprint;
 use crate::flush::{Flusher, Job};
 use crate::key::Key;
 use crate::ops::{
-    Counters, Ctx, Decision, Done, EXPIRY, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN,
-    Op, Quota, RECORDS, STORE_FORMAT, Tables, decide,
+    Counters, Ctx, Decision, Done, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, Op,
+    Quota, STORE_FORMAT, Tables, decide,
 };
 use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
 use crate::overlay::{self, Shared};
 use crate::record::{Record, Response, State, check_size};
+use crate::tables::{self, EXPIRY, RECORDS};
 use crate::wait::Waiters;
 use crate::wal::{self, Change, Log};
 
@@ -105,8 +106,6 @@ impl Store {
                 });
             }
             let mut meta = txn.open_table(META)?;
-            txn.open_table(RECORDS)?;
-            txn.open_table(EXPIRY)?;
             let stored = |m: &redb::Table<&str, u64>, k| -> Result<Option<u64>> {
                 Ok(m.get(k)?.map(|v| v.value()))
             };
@@ -125,6 +124,9 @@ impl Store {
                     });
                 }
             }
+            // After the format check: another format's tables may have other key types.
+            txn.open_table(RECORDS)?;
+            txn.open_table(EXPIRY)?;
             let applied = stored(&meta, META_LOG_SEQ)?.unwrap_or(0);
             drop(meta);
             let (log, entries) = wal::recover(opened, applied)?;
@@ -371,7 +373,7 @@ impl Store {
             }
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
-            let bytes = table.get(key.as_stored())?;
+            let bytes = table.get(tables::record_key(key.as_stored()).as_slice())?;
             bytes
                 .map(|b| Record::decode(key.as_stored(), b.value()))
                 .transpose()

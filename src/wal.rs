@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::Opened;
 use crate::error::{Error, Result};
 use crate::layout::{Region, Shared};
-use crate::ops::{EXPIRY, META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS, RECORDS};
+use crate::ops::{META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS};
+use crate::tables::{self, EXPIRY, RECORDS};
 
 const ENTRY_HEADER: u64 = 20;
 /// The largest entry buffer kept between batches; a batch of large responses gets a buffer of
@@ -34,11 +35,30 @@ const KEEP_BUFFER: usize = 1 << 20;
 /// One change a batch made to the tables, with the bytes it wrote: redo decides nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Change {
-    Put { key: Vec<u8>, record: Vec<u8> },
-    Delete { key: Vec<u8> },
-    Index { expires_at: u64, key: Vec<u8> },
-    Unindex { expires_at: u64, key: Vec<u8> },
-    Counter { counter: Counter, value: u64 },
+    Put {
+        key: Vec<u8>,
+        record: Vec<u8>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    Index {
+        expires_at: u64,
+        key: Vec<u8>,
+    },
+    Unindex {
+        expires_at: u64,
+        key: Vec<u8>,
+    },
+    Counter {
+        counter: Counter,
+        value: u64,
+    },
+    /// A stale expiry-index entry, which has no key to name it by (see `tables`).
+    DropEntry {
+        expires_at: u64,
+        hash: u64,
+    },
 }
 
 /// The metadata values a batch sets.
@@ -396,14 +416,16 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
     let mut meta = txn.open_table(META)?;
     for change in entries.into_iter().flatten() {
         match change {
-            Change::Put { key, record } => drop(records.insert(key.as_slice(), record.as_slice())?),
-            Change::Delete { key } => drop(records.remove(key.as_slice())?),
-            Change::Index { expires_at, key } => {
-                drop(expiry.insert((expires_at, key.as_slice()), ())?);
+            Change::Put { key, record } => {
+                let key = tables::record_key(&key);
+                drop(records.insert(key.as_slice(), record.as_slice())?);
             }
+            Change::Delete { key } => drop(records.remove(tables::record_key(&key).as_slice())?),
+            Change::Index { expires_at, key } => tables::index(&mut expiry, expires_at, &key)?,
             Change::Unindex { expires_at, key } => {
-                drop(expiry.remove((expires_at, key.as_slice()))?);
+                tables::unindex(&mut expiry, &records, expires_at, &key)?;
             }
+            Change::DropEntry { expires_at, hash } => drop(expiry.remove((expires_at, hash))?),
             Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
         }
     }

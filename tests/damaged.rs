@@ -12,6 +12,22 @@ use redb::ReadableTable;
 const RECORDS: redb::TableDefinition<&[u8], &[u8]> =
     redb::TableDefinition::new("idempotency_records");
 const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("idempotency_meta");
+const EXPIRY: redb::TableDefinition<(u64, u64), ()> =
+    redb::TableDefinition::new("idempotency_expiry");
+
+/// The hash a stored key is filed under (the first 8 bytes of its BLAKE3 digest).
+fn key_hash(stored: &[u8]) -> u64 {
+    u64::from_be_bytes(
+        blake3::hash(stored).as_bytes()[..8]
+            .try_into()
+            .expect("8 bytes"),
+    )
+}
+
+/// The records table's key for a stored key: its hash, then the key.
+fn filed(stored: &[u8]) -> Vec<u8> {
+    [&key_hash(stored).to_be_bytes()[..], stored].concat()
+}
 
 /// The redb database inside a closed store file, for tests that damage it on purpose. A store
 /// file is a 4 KiB header, the write-ahead log (its length is in the header at bytes 22..30),
@@ -210,13 +226,13 @@ fn a_store_of_a_newer_format_is_refused() -> Result<()> {
         let txn = db.begin_write().expect("txn");
         txn.open_table(META)
             .expect("meta")
-            .insert("format_version", 3)
+            .insert("format_version", 4)
             .expect("insert");
         txn.commit().expect("commit");
     }
-    let err = Store::open(&path).expect_err("format 3");
+    let err = Store::open(&path).expect_err("format 4");
     assert!(
-        matches!(&err, Error::NotAStore { reason } if reason.contains("version 3")),
+        matches!(&err, Error::NotAStore { reason } if reason.contains("version 4")),
         "{err:?}"
     );
     Ok(())
@@ -235,7 +251,7 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
             let mut table = txn.open_table(RECORDS).expect("records");
             let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
             let old = table
-                .get(&stored[..])
+                .get(&filed(&stored)[..])
                 .expect("get")
                 .expect("present")
                 .value()
@@ -249,7 +265,9 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
             let mut sum = [0u8; 8];
             hasher.finalize_xof().fill(&mut sum);
             versioned.extend_from_slice(&sum);
-            table.insert(&stored[..], &versioned[..]).expect("insert");
+            table
+                .insert(&filed(&stored)[..], &versioned[..])
+                .expect("insert");
         }
         txn.commit().expect("commit");
     }
@@ -429,13 +447,11 @@ fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         {
-            let expiry: redb::TableDefinition<(u64, &[u8]), ()> =
-                redb::TableDefinition::new("idempotency_expiry");
-            let mut table = txn.open_table(expiry).expect("expiry");
+            let mut table = txn.open_table(EXPIRY).expect("expiry");
             for i in 0..300u64 {
                 let ghost = format!("\0ghost-{i}");
                 table
-                    .insert((i / 100, ghost.as_bytes()), ())
+                    .insert((i / 100, key_hash(ghost.as_bytes())), ())
                     .expect("insert");
             }
         }
