@@ -98,7 +98,9 @@ pub trait IdempotencyStore: Send + Sync {
     fn lookup(&self, key: &Key) -> Result<Option<RecordView>>;
 
     /// Deletes up to `limit` expired records, oldest expiry first, and returns how many it
-    /// deleted.
+    /// deleted. Records that expire in the same millisecond go in an order of the backend's
+    /// (by key hash in [`Store`](crate::Store), by key in `PgStore`); as an expired record is
+    /// treated as absent by every call, the order shows only in record counts between sweeps.
     ///
     /// # Errors
     /// [`Error::Storage`] if the deletion fails (nothing is deleted then).

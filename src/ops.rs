@@ -160,9 +160,7 @@ enum Owner {
     Damaged,
 }
 
-/// One deletion a sweep chose; they sort in the order a sweep takes them: oldest first, ties
-/// by key.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
+/// One deletion a sweep chose.
 struct Doomed {
     expires_at: u64,
     /// The record's stored key; None for a stale entry, which only goes itself.
@@ -665,20 +663,20 @@ impl<'a> Tables<'a> {
         })
     }
 
-    /// Takes up to `limit` expired records, oldest first (ties by key), and deletes them with
-    /// their index entries; a stale entry (no record expires then under its hash) only goes
-    /// itself, but uses up a place. `more` says whether expired entries remain.
+    /// Takes up to `limit` expired records in index order (oldest first, ties by key hash)
+    /// and deletes them with their index entries; a stale entry (no record under its hash
+    /// expires then) only goes itself, but uses up a place. `more` says whether expired
+    /// entries remain.
     fn sweep(&mut self, now: Timestamp, limit: usize) -> Result<Done, Fail> {
         let end = now.as_millis().saturating_add(1);
         let (mut doomed, mut more) = (Vec::<Doomed>::new(), false);
         let (records, expiry) = self.scannable()?;
         for entry in expiry.range(..(end, 0))? {
-            let (expires_at, hash) = entry?.0.value();
-            // Entries of one time come in hash order: take all of the last time, then sort.
-            if doomed.len() >= limit && doomed.last().map(|d| d.expires_at) != Some(expires_at) {
+            if doomed.len() >= limit {
                 more = true;
                 break;
             }
+            let (expires_at, hash) = entry?.0.value();
             let found = owners(records, expires_at, hash)?;
             if found.is_empty() {
                 doomed.push(Doomed {
@@ -700,7 +698,7 @@ impl<'a> Tables<'a> {
                 }
             }
         }
-        doomed.sort_unstable();
+        // Keys sharing a hash share an entry; one left over keeps it for the next sweep.
         if doomed.len() > limit {
             doomed.truncate(limit);
             more = true;
@@ -736,25 +734,20 @@ impl<'a> Tables<'a> {
     }
 
     /// Deletes the completed record that expires first (the oldest completion, as all share
-    /// one retention; ties by key); false if none is found near the front of the expiry index.
+    /// one retention); false if none is found near the front of the expiry index.
     fn evict_oldest_completed(&mut self) -> Result<bool, Fail> {
-        let mut victim: Option<(u64, Vec<u8>)> = None;
+        let mut victim = None;
         let (records, expiry) = self.scannable()?;
-        for entry in expiry.iter()?.take(EVICT_SCAN) {
+        'scan: for entry in expiry.iter()?.take(EVICT_SCAN) {
             let (expires_at, hash) = entry?.0.value();
-            if victim.as_ref().is_some_and(|(t, _)| *t != expires_at) {
-                break;
-            }
             for (key, owner) in owners(records, expires_at, hash)? {
-                let completed = matches!(
-                    owner,
-                    Owner::Record(Record {
-                        state: State::Completed { .. },
-                        ..
-                    })
-                );
-                if completed && victim.as_ref().is_none_or(|(_, k)| key < *k) {
+                if let Owner::Record(Record {
+                    state: State::Completed { .. },
+                    ..
+                }) = owner
+                {
                     victim = Some((expires_at, key));
+                    break 'scan;
                 }
             }
         }

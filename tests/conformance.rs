@@ -829,6 +829,7 @@ type Opener<S> = Box<dyn Fn(&ManualClock) -> Result<S>>;
 /// PostgreSQL: a new `PgStore` on the same schema).
 fn matches_the_reference_model<S: IdempotencyStore>(
     cases: u32,
+    ties: reference::Ties,
     fresh: &dyn Fn() -> Result<Opener<S>>,
 ) {
     let config = ProptestConfig {
@@ -840,7 +841,7 @@ fn matches_the_reference_model<S: IdempotencyStore>(
         let steps = reference::decode_steps(bytes);
         let clock = ManualClock::new(reference::ts(reference::T0));
         let open = fresh().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        reference::run_steps(&steps, &clock, &|| open(&clock), &|_, _| Ok(()))
+        reference::run_steps(&steps, ties, &clock, &|| open(&clock), &|_, _| Ok(()))
             .map_err(|f| TestCaseError::fail(format!("{f}\nsteps: {steps:?}")))
     };
     for (i, bytes) in MODEL_REGRESSIONS.iter().enumerate() {
@@ -933,7 +934,7 @@ conformance! {
 
 #[test]
 fn redb_backend_matches_the_reference_model() {
-    matches_the_reference_model::<Store>(64, &|| {
+    matches_the_reference_model::<Store>(64, reference::Ties::KeyHash, &|| {
         // Storage that survives a reopen, fresh for each case.
         let disk = reference::MemDisk::default();
         Ok(Box::new(move |clock: &ManualClock| {
@@ -959,7 +960,7 @@ fn postgres_backend_matches_the_reference_model() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
-    matches_the_reference_model::<idempotency_store::PgStore>(cases, &|| {
+    matches_the_reference_model::<idempotency_store::PgStore>(cases, reference::Ties::Key, &|| {
         db.truncate()?;
         let db = Arc::clone(&db);
         Ok(Box::new(move |clock: &ManualClock| {

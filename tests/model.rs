@@ -17,7 +17,7 @@ use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 mod reference;
 use reference::{
     Caller, FINGERPRINTS, Failure, LEASE_MS, Model, Outcome, RETENTION_MS, SEQ_KEYS, Step, T0,
-    builder, check_store, run_sequential, sweep_models, ts,
+    Ties, builder, check_store, run_sequential, sweep_models, ts,
 };
 
 /// Threads of the concurrent test, and the keys each one owns.
@@ -144,7 +144,7 @@ fn run_concurrent(rounds: &[Round]) -> Outcome {
         if round.sweep > 0 {
             let mut models: Vec<&mut Model> = callers.iter_mut().map(|c| &mut c.model).collect();
             let owner = |k: usize| k / KEYS_PER_THREAD;
-            let expected = sweep_models(&mut models, owner, now, round.sweep);
+            let expected = sweep_models(&mut models, owner, now, round.sweep, Ties::KeyHash);
             ensure_eq!(store.sweep(round.sweep)?, expected, "sweep in round {r}");
         }
         let start = Barrier::new(THREADS);

@@ -115,8 +115,27 @@ pub fn key(idx: usize) -> Key {
     built.expect("pool keys are valid")
 }
 
-/// The stored byte form documented on `Key` (`[scope length][scope][key]`), which orders ties
-/// in the expiry index.
+/// How a backend orders expired records of one millisecond in a sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ties {
+    /// By stored key (PostgreSQL).
+    Key,
+    /// By the key hash the redb store files records under (the first 8 bytes of the stored
+    /// key's BLAKE3 digest, big-endian), then by stored key.
+    KeyHash,
+}
+
+impl Ties {
+    fn order(self, idx: usize) -> Vec<u8> {
+        let stored = stored_key(idx);
+        match self {
+            Ties::Key => stored,
+            Ties::KeyHash => [&blake3::hash(&stored).as_bytes()[..8], &stored[..]].concat(),
+        }
+    }
+}
+
+/// The stored byte form documented on `Key` (`[scope length][scope][key]`).
 fn stored_key(idx: usize) -> Vec<u8> {
     let (scope, name) = key_parts(idx);
     let scope = scope.unwrap_or_default();
@@ -344,12 +363,12 @@ impl Model {
         })
     }
 
-    /// The expired records as `(expires_at, stored key, key index)`, the expiry index's order.
-    fn expired(&self, now: u64) -> Vec<(u64, Vec<u8>, usize)> {
+    /// The expired records as `(expires_at, tie order, key index)`, a sweep's order.
+    fn expired(&self, now: u64, ties: Ties) -> Vec<(u64, Vec<u8>, usize)> {
         self.records
             .iter()
             .filter(|(_, r)| now >= r.expires_at)
-            .map(|(&k, r)| (r.expires_at, stored_key(k), k))
+            .map(|(&k, r)| (r.expires_at, ties.order(k), k))
             .collect()
     }
 
@@ -373,15 +392,16 @@ impl Model {
     }
 }
 
-/// Sweeps the models as `Store::sweep(limit)` sweeps the store: the `limit` oldest expired
-/// records across all of them. Returns how many went.
+/// Sweeps the models as `sweep(limit)` sweeps a backend that orders ties by `ties`: the
+/// `limit` oldest expired records across all of them. Returns how many went.
 pub fn sweep_models(
     models: &mut [&mut Model],
     owner: impl Fn(usize) -> usize,
     now: u64,
     limit: usize,
+    ties: Ties,
 ) -> usize {
-    let mut expired: Vec<_> = models.iter().flat_map(|m| m.expired(now)).collect();
+    let mut expired: Vec<_> = models.iter().flat_map(|m| m.expired(now, ties)).collect();
     expired.sort();
     expired.truncate(limit);
     for (_, _, k) in &expired {
@@ -627,18 +647,25 @@ pub fn builder(clock: &ManualClock, max_batch: usize) -> Builder {
 pub fn run_sequential(steps: &[Step], open: &dyn Fn(&Builder) -> Result<Store, Error>) -> Outcome {
     let clock = ManualClock::new(ts(T0));
     let settings = builder(&clock, 128);
-    run_steps(steps, &clock, &|| open(&settings), &|store, now| {
-        ensure_eq!(store.now(), ts(now), "store time");
-        Ok(())
-    })
+    run_steps(
+        steps,
+        Ties::KeyHash,
+        &clock,
+        &|| open(&settings),
+        &|store, now| {
+            ensure_eq!(store.now(), ts(now), "store time");
+            Ok(())
+        },
+    )
 }
 
 /// [`run_sequential`] on any backend. `open` opens the store on the same storage each time (at
 /// the start and at each `Reopen`), with lease [`LEASE_MS`], retention [`RETENTION_MS`] and
-/// `clock` (standing at [`T0`]) as its time source; the storage must start empty. `check` runs
-/// after the model checks of every step.
+/// `clock` (standing at [`T0`]) as its time source; the storage must start empty; `ties` is how
+/// it orders a sweep's ties. `check` runs after the model checks of every step.
 pub fn run_steps<S: IdempotencyStore>(
     steps: &[Step],
+    ties: Ties,
     clock: &ManualClock,
     open: &dyn Fn() -> Result<S, Error>,
     check: &dyn Fn(&S, u64) -> Outcome,
@@ -655,7 +682,7 @@ pub fn run_steps<S: IdempotencyStore>(
                 now += ms;
             }
             Step::Sweep { limit } => {
-                let expected = sweep_models(&mut [&mut caller.model], |_| 0, now, limit);
+                let expected = sweep_models(&mut [&mut caller.model], |_| 0, now, limit, ties);
                 let got = store.sweep(limit).map_err(Failure::from).map_err(at)?;
                 if got != expected {
                     return Err(at(Failure(format!(
