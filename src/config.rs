@@ -81,7 +81,7 @@ impl Default for Builder {
             durability: Durability::Immediate,
             max_key_len: MAX_KEY_LEN,
             max_response_bytes: 1 << 20,
-            cache_size: 4 << 20,
+            cache_size: 8 << 20,
             max_batch: 128,
             log_size: layout::DEFAULT_LOG_LEN,
             max_records: None,
@@ -154,11 +154,13 @@ impl Builder {
     /// redb's page cache, in bytes. redb's own default (1 GiB) suits a database server, not an
     /// edge device; the hot part of an idempotency store (recent keys) is small. redb also
     /// keeps the pages changed since the last checkpoint in a write buffer of up to half this
-    /// size, so the store's page memory is up to 1.5 times it. Defaults to 4 MiB: with many
-    /// threads, malloc's per-thread arenas hold the cached pages about three times over (pages
-    /// read by one thread are freed by another), so the cache drives the process's resident
-    /// memory (peak RSS with 10^6 records and 64 threads: 64.7 MiB at 6 MiB, 57.5 at 4). The
-    /// cache matters for replays of keys not recently written; raise it if they dominate.
+    /// size, so the store's page memory is up to 1.5 times it. Defaults to 8 MiB. Replays of
+    /// keys not recently written read their pages through this cache: at 4 MiB, 16 threads
+    /// replaying 10,000 keys while 16 others wrote fresh ones spent 18 % of the CPU in redb's
+    /// cache lookups and `pread`s, and replayed at ~0.5× their rate without the writers; at
+    /// 8 MiB ~0.95×. The cost is resident memory (peak RSS with 10^6 records and 64 writing
+    /// threads: 28.5 MiB at 4 MiB, 36.7 at 8; BENCHMARKS.md). Raise it if replays of older
+    /// keys dominate, lower it for a small device.
     pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
         self.cache_size = bytes;
         self
