@@ -21,7 +21,9 @@ const SWEEP_BATCH: usize = 64;
 
 impl Store {
     /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
-    /// transaction, and returns how many it deleted.
+    /// transaction, and returns how many it deleted. Records that expire in the same
+    /// millisecond go in key-hash order, so a sweep reads at most `limit` index entries
+    /// (`docs/design.md`, "Sweep").
     ///
     /// # Errors
     /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
