@@ -19,15 +19,17 @@ use crate::wal;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
-    /// One-phase commit with checksums: one `fdatasync` per commit. After a crash the next
-    /// open verifies and repairs the whole file, which takes time proportional to its size.
-    /// The default.
+    /// Each batch is one durable log write; the checkpoints that move the log into redb are
+    /// one-phase redb commits with checksums (one `fdatasync` each). After a crash the next
+    /// open verifies and repairs the whole file, which takes time proportional to its size,
+    /// then replays the log. The default.
     #[default]
     Immediate,
-    /// Two-phase commit with redb's quick repair: two `fdatasync`s per commit and a copy of the
-    /// allocator state in each, so the first open after a crash is instant regardless of file
-    /// size. Two-phase commit also resists a torn commit forged by someone who controls both
-    /// the bytes written and the moment of the crash.
+    /// Batches are logged as under `Immediate`; checkpoints are two-phase redb commits with
+    /// redb's quick repair (two `fdatasync`s and a copy of the allocator state each), so redb's
+    /// part of the first open after a crash is instant regardless of file size, and only the
+    /// log is replayed. Two-phase commit also resists a torn commit forged by someone who
+    /// controls both the bytes written and the moment of the crash.
     QuickRepair,
 }
 
@@ -159,7 +161,7 @@ impl Builder {
     /// replaying 10,000 keys while 16 others wrote fresh ones spent 18 % of the CPU in redb's
     /// cache lookups and `pread`s, and replayed at ~0.5× their rate without the writers; at
     /// 8 MiB ~0.95×. The cost is resident memory (peak RSS with 10^6 records and 64 writing
-    /// threads: 28.5 MiB at 4 MiB, 36.7 at 8; BENCHMARKS.md). Raise it if replays of older
+    /// threads: 28.5 MiB at 4 MiB, 37.5 at 8; BENCHMARKS.md). Raise it if replays of older
     /// keys dominate, lower it for a small device.
     pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
         self.cache_size = bytes;
