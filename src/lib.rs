@@ -78,54 +78,38 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-mod admin;
-mod backend;
-mod clock;
-mod commit;
-mod config;
+mod api;
+mod engine;
 mod error;
-mod fingerprint;
-mod flush;
 #[cfg(feature = "http")]
 pub mod http;
-mod key;
-mod layout;
-mod maintenance;
-mod ops;
-mod outcome;
-mod overlay;
 #[cfg(feature = "postgres")]
-mod postgres;
-mod record;
+mod pg;
 mod store;
-mod sweep;
-mod tables;
-mod wait;
-mod wal;
 
-pub use crate::admin::{ForceRelease, Records, StoredRecord};
-pub use crate::backend::IdempotencyStore;
-pub use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use crate::config::{Builder, Durability, WhenFull};
+pub use crate::api::backend::IdempotencyStore;
+pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use crate::api::fingerprint::Fingerprint;
+pub use crate::api::key::{Key, MAX_KEY_LEN};
+pub use crate::api::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
+pub use crate::engine::record::Response;
 pub use crate::error::{Error, Result};
-pub use crate::fingerprint::Fingerprint;
-pub use crate::key::{Key, MAX_KEY_LEN};
-pub use crate::maintenance::{Stats, VerifyReport};
-pub use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
 #[cfg(feature = "postgres")]
-pub use crate::postgres::{PgStore, PgStoreBuilder};
-pub use crate::record::Response;
+pub use crate::pg::{PgStore, PgStoreBuilder};
 pub use crate::store::Store;
-pub use crate::sweep::Sweeper;
+pub use crate::store::admin::{ForceRelease, Records, StoredRecord};
+pub use crate::store::builder::{Builder, Durability, WhenFull};
+pub use crate::store::maintenance::{Stats, VerifyReport};
+pub use crate::store::sweep::Sweeper;
 
 /// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
 pub use redb;
 
 #[doc(hidden)]
+pub use crate::api::key::fuzz_key;
+#[doc(hidden)]
+pub use crate::engine::record::fuzz_decode_record;
+#[doc(hidden)]
+pub use crate::engine::wal::fuzz_log_replay;
+#[doc(hidden)]
 pub use crate::error::contained_panics;
-#[doc(hidden)]
-pub use crate::key::fuzz_key;
-#[doc(hidden)]
-pub use crate::record::fuzz_decode_record;
-#[doc(hidden)]
-pub use crate::wal::fuzz_log_replay;

@@ -2,11 +2,11 @@
 
 use redb::{ReadableDatabase, ReadableTable};
 
+use crate::api::key::Key;
+use crate::engine::record::{Record, State};
+use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::error::{Error, Result, contain};
-use crate::key::Key;
-use crate::record::{Record, State};
 use crate::store::Store;
-use crate::tables::{self, EXPIRY, RECORDS};
 
 /// What [`Store::verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Timestamp;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
 
 /// The record encoding this version writes and reads. 2: times after `created_at` are stored
 /// as offsets from it (1 stored them whole, 5 more bytes per record).

@@ -75,12 +75,12 @@
 use ::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use ::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::clock::Timestamp;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, Lease};
+use crate::engine::record::Response;
 use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::outcome::{Claim, Lease};
-use crate::record::Response;
 
 /// The request header that carries the key: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -1,12 +1,12 @@
 //! One API over every backend: the [`IdempotencyStore`] trait.
 
-use crate::clock::Timestamp;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
+use crate::engine::record::Response;
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::maintenance::{Stats, VerifyReport};
-use crate::outcome::{Claim, Lease, Outcome, RecordView};
-use crate::record::Response;
+use crate::store::maintenance::{Stats, VerifyReport};
 
 /// How many expired records one [`sweep_all`](IdempotencyStore::sweep_all) round deletes by
 /// default.

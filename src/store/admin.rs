@@ -5,14 +5,14 @@ use std::marker::PhantomData;
 
 use redb::ReadableDatabase;
 
-use crate::clock::Timestamp;
+use crate::api::clock::Timestamp;
+use crate::api::key::Key;
+use crate::api::outcome::RecordView;
+use crate::engine::ops::{Done, Op};
+use crate::engine::record::Record;
+use crate::engine::tables::{self, RECORDS};
 use crate::error::{Error, Result, contain};
-use crate::key::Key;
-use crate::ops::{Done, Op};
-use crate::outcome::RecordView;
-use crate::record::Record;
 use crate::store::{Store, misrouted, view};
-use crate::tables::{self, RECORDS};
 
 /// One record with its key, as [`Store::records`] yields it.
 #[derive(Debug, Clone, PartialEq, Eq)]

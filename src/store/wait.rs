@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::Claim;
 use crate::error::Result;
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::outcome::Claim;
 use crate::store::Store;
 
 #[derive(Default)]

@@ -11,16 +11,16 @@ use ::postgres::types::{FromSql, ToSql};
 use ::postgres::{Client, Config, IsolationLevel, NoTls, Row, Statement};
 use r2d2_postgres::PostgresConnectionManager;
 
-use crate::backend::IdempotencyStore;
-use crate::clock::{Clock, Timestamp, millis};
-use crate::config::{check_common, invalid_config};
+use crate::api::backend::IdempotencyStore;
+use crate::api::clock::{Clock, Timestamp, millis};
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::{Key, MAX_KEY_LEN};
+use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::engine::ops::{Decision, decide};
+use crate::engine::record::{Record, Response, State};
 use crate::error::{Error, Result};
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, MAX_KEY_LEN};
-use crate::maintenance::{Stats, VerifyReport};
-use crate::ops::{Decision, decide};
-use crate::outcome::{Claim, Lease, RecordView};
-use crate::record::{Record, Response, State};
+use crate::store::builder::{check_common, invalid_config};
+use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
 
 /// The schema version this build migrates to.
@@ -402,7 +402,7 @@ impl PgStore {
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
-        crate::record::check_size(size, self.settings.max_response_bytes)
+        crate::engine::record::check_size(size, self.settings.max_response_bytes)
     }
 
     /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and

@@ -1,9 +1,9 @@
 //! What the store answers: claim outcomes, leases, replays and record views.
 
-use crate::clock::Timestamp;
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::record::Response;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::engine::record::Response;
 
 /// The outcome of [`Store::claim`](crate::Store::claim). Every variant is an expected answer;
 /// match all of them.

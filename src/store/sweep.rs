@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::engine::ops::{Done, Op};
 use crate::error::{Error, Result};
-use crate::ops::{Done, Op};
 use crate::store::{Store, misrouted};
 
 /// How many expired records one `sweep_all` transaction deletes. Expired keys are scattered

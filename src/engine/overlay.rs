@@ -26,8 +26,8 @@ use std::ops::Range;
 use parking_lot::RwLock;
 use redb::WriteTransaction;
 
+use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::error::Result;
-use crate::tables::{self, EXPIRY, RECORDS};
 
 /// A record set (`Some`) or deleted (`None`).
 pub(crate) type RecordChange<'a> = (&'a [u8], Option<&'a [u8]>);

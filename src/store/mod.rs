@@ -1,5 +1,11 @@
 //! The store: opening, the claim/settle calls, lookups and maintenance.
 
+pub(crate) mod admin;
+pub(crate) mod builder;
+pub(crate) mod maintenance;
+pub(crate) mod sweep;
+pub(crate) mod wait;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,23 +14,23 @@ use redb::{
     Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableHandle, WriteTransaction,
 };
 
-use crate::clock::{Timestamp, millis};
-use crate::commit::Committer;
-use crate::config::{Builder, Durability, WhenFull};
-use crate::error::{Error, Result, contain};
-use crate::fingerprint::Fingerprint;
-use crate::flush::{Flusher, Job};
-use crate::key::Key;
-use crate::ops::{
+use crate::api::clock::{Timestamp, millis};
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
+use crate::engine::commit::Committer;
+use crate::engine::flush::{Flusher, Job};
+use crate::engine::ops::{
     Counters, Ctx, Decision, Done, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, Op,
     Quota, STORE_FORMAT, Tables, decide,
 };
-use crate::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
-use crate::overlay::{self, Shared};
-use crate::record::{Record, Response, State, check_size};
-use crate::tables::{self, EXPIRY, RECORDS};
-use crate::wait::Waiters;
-use crate::wal::{self, Change, Log};
+use crate::engine::overlay::{self, Shared};
+use crate::engine::record::{Record, Response, State, check_size};
+use crate::engine::tables::{self, EXPIRY, RECORDS};
+use crate::engine::wal::{self, Change, Log};
+use crate::error::{Error, Result, contain};
+use crate::store::builder::{Builder, Durability, WhenFull};
+use crate::store::wait::Waiters;
 
 /// A durable idempotency-key store in one file (a write-ahead log and a redb database).
 ///
@@ -86,7 +92,7 @@ impl Store {
     /// entries written after the last checkpoint; the commit that ends it is a checkpoint.
     pub(crate) fn init(
         db: Database,
-        opened: crate::config::Opened,
+        opened: crate::store::builder::Opened,
         config: Builder,
         path: Option<PathBuf>,
     ) -> Result<Store> {
@@ -318,7 +324,7 @@ impl Store {
     where
         F: FnOnce(&mut Lease) -> Result<Response, E>,
     {
-        crate::backend::IdempotencyStore::execute(self, key, fingerprint, operation)
+        crate::api::backend::IdempotencyStore::execute(self, key, fingerprint, operation)
     }
 
     /// The key's record, or `None` if there is none or it has expired. Runs in a read

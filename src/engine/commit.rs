@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::engine::ops::{Done, Op};
 use crate::error::{Error, Result};
-use crate::ops::{Done, Op};
 
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
@@ -160,8 +160,8 @@ impl Drop for Handoff<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::key::Key;
+    use crate::api::fingerprint::Fingerprint;
+    use crate::api::key::Key;
 
     fn queue(ops: &str) -> VecDeque<(Op, Arc<Slot>)> {
         ops.chars()

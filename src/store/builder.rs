@@ -4,12 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
+use crate::api::clock::{Clock, SystemClock};
+use crate::api::key::MAX_KEY_LEN;
+use crate::engine::layout::{self, Region, Shared, Tail};
+use crate::engine::wal;
 use crate::error::{Error, Result, contain};
-use crate::key::MAX_KEY_LEN;
-use crate::layout::{self, Region, Shared, Tail};
 use crate::store::Store;
-use crate::wal;
 
 /// How a write call's commit reaches the disk before the call returns.
 ///

@@ -19,9 +19,9 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
+use crate::engine::ops::Counters;
+use crate::engine::overlay::{self, Shared};
 use crate::error::{Error, Result, contain};
-use crate::ops::Counters;
-use crate::overlay::{self, Shared};
 
 pub(crate) struct Flusher {
     shared: Arc<Channel>,

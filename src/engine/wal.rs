@@ -21,11 +21,11 @@
 use redb::WriteTransaction;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Opened;
+use crate::engine::layout::{Region, Shared};
+use crate::engine::ops::{META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS};
+use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::error::{Error, Result};
-use crate::layout::{Region, Shared};
-use crate::ops::{META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS};
-use crate::tables::{self, EXPIRY, RECORDS};
+use crate::store::builder::Opened;
 
 const ENTRY_HEADER: u64 = 20;
 /// The largest entry buffer kept between batches; a batch of large responses gets a buffer of
@@ -438,7 +438,7 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
 /// corpus replay in `cargo test` call this; it must never panic.
 #[doc(hidden)]
 pub fn fuzz_log_replay(data: &[u8]) {
-    use crate::layout::{HEADER_LEN, MIN_LOG_LEN, Tail};
+    use crate::engine::layout::{HEADER_LEN, MIN_LOG_LEN, Tail};
     let storage: Shared = std::sync::Arc::new(redb::backends::InMemoryBackend::new());
     let backend = || Tail {
         inner: std::sync::Arc::clone(&storage),
@@ -481,7 +481,7 @@ pub fn fuzz_log_replay(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout;
+    use crate::engine::layout;
     use std::sync::Arc;
 
     fn storage() -> (Shared, Region) {

@@ -9,16 +9,16 @@ use redb::{
     ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
 
-use crate::admin::ForceRelease;
-use crate::clock::Timestamp;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, Lease, Replay};
+use crate::engine::overlay::{Overlay, Shared};
+use crate::engine::record::{Record, Response, State};
+use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
+use crate::engine::wal::{Change, Counter};
 use crate::error::{Error, from_storage};
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::outcome::{Claim, Lease, Replay};
-use crate::overlay::{Overlay, Shared};
-use crate::record::{Record, Response, State};
-use crate::tables::{self, EXPIRY, ExpiryTable, RECORDS};
-use crate::wal::{Change, Counter};
+use crate::store::admin::ForceRelease;
 
 /// Format version, the fencing-token counter, the clock's high-water mark and usage counters.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
