@@ -87,19 +87,24 @@ pub mod http;
 mod pg;
 mod store;
 
-pub use crate::api::backend::IdempotencyStore;
+pub use crate::api::backend::{IdempotencyStore, SWEEP_BATCH};
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::api::fingerprint::Fingerprint;
 pub use crate::api::key::{Key, MAX_KEY_LEN};
-pub use crate::api::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Replay};
-pub use crate::engine::record::Response;
+pub use crate::api::outcome::{
+    Claim, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
+};
+pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
+pub use crate::api::response::Response;
+pub use crate::api::settings::Settings;
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
 pub use crate::pg::{PgStore, PgStoreBuilder};
 pub use crate::store::Store;
-pub use crate::store::admin::{ForceRelease, Records, StoredRecord};
-pub use crate::store::builder::{Builder, Durability, WhenFull};
-pub use crate::store::maintenance::{Stats, VerifyReport};
+pub use crate::store::admin::Records;
+#[allow(deprecated)]
+pub use crate::store::builder::Builder;
+pub use crate::store::builder::{Durability, StoreBuilder, WhenFull};
 pub use crate::store::sweep::Sweeper;
 
 /// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
@@ -108,7 +113,7 @@ pub use redb;
 #[doc(hidden)]
 pub use crate::api::key::fuzz_key;
 #[doc(hidden)]
-pub use crate::engine::record::fuzz_decode_record;
+pub use crate::engine::codec::fuzz_decode_record;
 #[doc(hidden)]
 pub use crate::engine::wal::fuzz_log_replay;
 #[doc(hidden)]

@@ -24,7 +24,7 @@ const RETENTION: Duration = Duration::from_secs(10);
 const LEASE: Duration = Duration::from_secs(5);
 const THREADS: usize = 8;
 
-fn builder(clock: &ManualClock) -> idempotency_store::Builder {
+fn builder(clock: &ManualClock) -> idempotency_store::StoreBuilder {
     let mut builder = Store::builder();
     builder
         .retention(RETENTION)

@@ -1,8 +1,13 @@
-//! The backend-neutral contract: keys, fingerprints, time, responses, outcomes and the
-//! [`IdempotencyStore`](crate::IdempotencyStore) trait. Depends on `error` only.
+//! The backend-neutral contract: keys, fingerprints, time, responses, outcomes, reports,
+//! shared settings, the pure record rules and the [`IdempotencyStore`](crate::IdempotencyStore)
+//! trait. Depends on `error` only; every backend depends on it.
 
 pub(crate) mod backend;
 pub(crate) mod clock;
 pub(crate) mod fingerprint;
 pub(crate) mod key;
 pub(crate) mod outcome;
+pub(crate) mod record;
+pub(crate) mod report;
+pub(crate) mod response;
+pub(crate) mod settings;

@@ -1,9 +1,9 @@
-//! What the store answers: claim outcomes, leases, replays and record views.
+//! What a store answers: claim outcomes, leases, replays, record views and operator results.
 
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::engine::record::Response;
+use crate::api::response::Response;
 
 /// The outcome of [`Store::claim`](crate::Store::claim). Every variant is an expected answer;
 /// match all of them.
@@ -141,6 +141,30 @@ pub struct RecordView {
     pub state: RecordState,
 }
 
+impl RecordView {
+    /// Whether the record is stuck at `now`: unexpired and in progress under a lapsed lease, so
+    /// it waits for a retry to take it over (or for an operator's `force_release`). The one rule
+    /// behind [`Stats::stuck`](crate::Stats::stuck) for both backends and the CLI's `--stuck`.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new(0);
+    /// let store = Store::builder().clock(clock.clone()).open_in_memory()?;
+    /// let key = Key::new("k")?;
+    /// let Claim::Acquired(_lease) = store.claim(&key, Fingerprint::of(["r"]))? else { panic!() };
+    /// clock.advance(store.settings().lease());
+    /// assert!(store.lookup(&key)?.is_some_and(|view| view.is_stuck(store.now())));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    #[must_use]
+    pub fn is_stuck(&self, now: Timestamp) -> bool {
+        now < self.expires_at
+            && matches!(self.state, RecordState::InProgress { lease_until, .. } if now >= lease_until)
+    }
+}
+
 /// The state part of a [`RecordView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordState {
@@ -158,4 +182,24 @@ pub enum RecordState {
         /// The stored response.
         response: Response,
     },
+}
+
+/// What [`Store::force_release`](crate::Store::force_release) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForceRelease {
+    /// The in-progress record was deleted: the next claim of the key runs the operation afresh
+    /// (attempt 1).
+    Released {
+        /// The attempt that held the key.
+        attempt: u32,
+        /// When its lease lapses (or lapsed). If this is later than the time of the release,
+        /// the holder may well still be running.
+        lease_until: Timestamp,
+    },
+    /// The record is completed; nothing was changed (its response keeps replaying).
+    Completed,
+    /// There is no record for the key, or it has expired (a sweep deletes it); nothing was
+    /// changed.
+    NotFound,
 }

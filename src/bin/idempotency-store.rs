@@ -32,15 +32,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use idempotency_store::{
-    Error, ForceRelease, Key, RecordState, RecordView, Stats, Store, Timestamp, VerifyReport,
+    Error, ForceRelease, Key, RecordState, RecordView, SWEEP_BATCH, Stats, Store, Timestamp,
+    VerifyReport,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 const EXIT_PROBLEM: u8 = 1;
 const EXIT_FAILED: u8 = 2;
-/// Records deleted per sweep transaction (as `Store::sweep_all`).
-const SWEEP_BATCH: usize = 1024;
 /// The longest body, header value or checkpoint shown as text in `get` (characters).
 const SHOW_TEXT: usize = 1000;
 
@@ -396,7 +395,7 @@ fn list(
             Some(StateFilter::Expired) => expired,
             Some(StateFilter::InProgress) => !expired && lease(r).is_some(),
             Some(StateFilter::Completed) => !expired && lease(r).is_none(),
-        } && (!stuck || is_stuck(r, now));
+        } && (!stuck || r.is_stuck(now));
         if !keep {
             continue;
         }
@@ -792,15 +791,10 @@ fn lease(record: &RecordView) -> Option<Timestamp> {
     }
 }
 
-/// In progress, not expired, lease lapsed (as `Store::stats` counts it).
-fn is_stuck(record: &RecordView, now: Timestamp) -> bool {
-    record.expires_at > now && lease(record).is_some_and(|until| now >= until)
-}
-
 fn label(record: &RecordView, now: Timestamp) -> &'static str {
     if record.expires_at <= now {
         "expired"
-    } else if is_stuck(record, now) {
+    } else if record.is_stuck(now) {
         "stuck"
     } else if lease(record).is_some() {
         "in-progress"
@@ -829,7 +823,7 @@ fn record_json(key: &Key, record: &RecordView, now: Timestamp, full: bool) -> Va
         "key": key.key(),
         "scope": key.scope(),
         "state": state,
-        "stuck": is_stuck(record, now),
+        "stuck": record.is_stuck(now),
         "expired": record.expires_at <= now,
         "attempt": record.attempt,
         "fingerprint": hex(record.fingerprint.digest()),

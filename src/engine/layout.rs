@@ -32,7 +32,7 @@ pub(crate) const HEADER_LEN: u64 = 4096;
 /// that non-durable commits freed waiting for the next checkpoint, in the file and in memory:
 /// peak RSS with 10^6 records 98.6 MiB at 4 MiB against 37.5 at 1 MiB (BENCHMARKS.md).
 pub(crate) const DEFAULT_LOG_LEN: u64 = 1 << 20;
-/// The log sizes a header may name (`Builder::log_size` checks the same lower bound).
+/// The log sizes a header may name (`StoreBuilder::log_size` checks the same lower bound).
 pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;
 const MAX_LOG_LEN: u64 = 1 << 40;
 /// redb's own magic number, to name a plain redb file when we meet one.

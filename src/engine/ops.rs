@@ -12,13 +12,13 @@ use redb::{
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, Replay};
+use crate::api::outcome::{Claim, ForceRelease, Lease};
+use crate::api::record::{Attempt, Record, State, Verdict, verdict};
+use crate::api::response::Response;
 use crate::engine::overlay::{Overlay, Shared};
-use crate::engine::record::{Record, Response, State};
 use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::engine::wal::{Change, Counter};
 use crate::error::{Error, from_storage};
-use crate::store::admin::ForceRelease;
 
 /// Format version, the fencing-token counter, the clock's high-water mark and usage counters.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempotency_meta");
@@ -177,7 +177,7 @@ pub(crate) struct Ctx {
     pub quota: Quota,
 }
 
-/// Storage limits for new claims (see `Builder::max_records`).
+/// Storage limits for new claims (see `StoreBuilder::max_records`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Quota {
     pub max_records: Option<u64>,
@@ -289,43 +289,6 @@ impl Counters {
             (Counter::Records, self.usage.records),
             (Counter::Bytes, self.usage.bytes),
         ]
-    }
-}
-
-/// How a claim is answered, decided the same way on the read path and the write path.
-pub(crate) enum Decision {
-    Answer(Claim),
-    Fresh,
-    Takeover(Record),
-}
-
-pub(crate) fn decide(record: Option<Record>, fingerprint: Fingerprint, now: Timestamp) -> Decision {
-    let Some(record) = record.filter(|r| !r.is_expired(now)) else {
-        return Decision::Fresh;
-    };
-    if record.fingerprint != fingerprint {
-        return Decision::Answer(Claim::Mismatch {
-            stored: record.fingerprint,
-        });
-    }
-    match record.state {
-        State::InProgress { lease_until, .. } if now.as_millis() < lease_until => {
-            Decision::Answer(Claim::InProgress {
-                lease_until: Timestamp::from_millis(lease_until),
-                attempt: record.attempt,
-            })
-        }
-        State::InProgress { .. } => Decision::Takeover(record),
-        State::Completed {
-            completed_at,
-            response,
-        } => Decision::Answer(Claim::Completed(Replay {
-            response,
-            created_at: Timestamp::from_millis(record.created_at),
-            completed_at: Timestamp::from_millis(completed_at),
-            expires_at: Timestamp::from_millis(record.expires_at),
-            attempt: record.attempt,
-        })),
     }
 }
 
@@ -562,21 +525,15 @@ impl<'a> Tables<'a> {
     fn claim(&mut self, ctx: &mut Ctx, key: Key, fingerprint: Fingerprint) -> Result<Claim, Fail> {
         let existing = self.get(&key)?;
         let old_expires_at = existing.as_ref().map(|r| r.expires_at);
-        let (created_at, attempt, checkpoint) = match decide(existing, fingerprint, ctx.now) {
-            Decision::Answer(answer) => return Ok(answer),
-            Decision::Fresh => {
+        let attempt = match verdict(existing, fingerprint, ctx.now) {
+            Verdict::Answer(answer) => return Ok(answer),
+            Verdict::Fresh => {
                 if old_expires_at.is_none() {
                     self.make_room(ctx)?;
                 }
-                (ctx.now.as_millis(), 1, None)
+                Attempt::first(ctx.now)
             }
-            Decision::Takeover(old) => {
-                let checkpoint = match old.state {
-                    State::InProgress { checkpoint, .. } => checkpoint,
-                    State::Completed { .. } => None,
-                };
-                (old.created_at, old.attempt.saturating_add(1), checkpoint)
-            }
+            Verdict::Takeover(old) => old.takeover(),
         };
         let token = ctx.next_token;
         // Only a damaged counter gets here: 2^64 claims would take millennia.
@@ -586,22 +543,13 @@ impl<'a> Tables<'a> {
             ))
         })?;
         let lease_until = ctx.now.plus(ctx.lease_ms).as_millis();
-        let record = Record {
-            fingerprint,
-            created_at,
-            expires_at: created_at.saturating_add(ctx.retention_ms).max(lease_until),
-            attempt,
-            state: State::InProgress {
-                token,
-                lease_until,
-                checkpoint: checkpoint.clone(),
-            },
-        };
+        let (number, checkpoint) = (attempt.number, attempt.checkpoint.clone());
+        let record = Record::claimed(fingerprint, attempt, token, lease_until, ctx.retention_ms);
         self.put(&key, old_expires_at, &record)?;
         Ok(Claim::Acquired(Lease {
             key,
             token,
-            attempt,
+            attempt: number,
             lease_until: Timestamp::from_millis(lease_until),
             checkpoint,
         }))
@@ -615,27 +563,17 @@ impl<'a> Tables<'a> {
         response: Response,
     ) -> Result<Done, Fail> {
         let held = self.held(key, token, ctx.now)?;
-        let record = Record {
-            expires_at: ctx.now.plus(ctx.retention_ms).as_millis(),
-            state: State::Completed {
-                completed_at: ctx.now.as_millis(),
-                response,
-            },
-            ..held
-        };
-        self.put(key, Some(held.expires_at), &record)?;
+        let old_expires_at = held.expires_at;
+        let record = held.completed(response, ctx.now, ctx.retention_ms);
+        self.put(key, Some(old_expires_at), &record)?;
         Ok(Done::Settled)
     }
 
     fn heartbeat(&mut self, ctx: &Ctx, key: &Key, token: u64) -> Result<Done, Fail> {
-        let mut record = self.held(key, token, ctx.now)?;
+        let record = self.held(key, token, ctx.now)?;
         let old_expires_at = record.expires_at;
         let new_until = ctx.now.plus(ctx.lease_ms).as_millis();
-        if let State::InProgress { lease_until, .. } = &mut record.state {
-            *lease_until = new_until;
-        }
-        // An in-progress record never expires under a live lease.
-        record.expires_at = record.expires_at.max(new_until);
+        let record = record.extended(new_until);
         self.put(key, Some(old_expires_at), &record)?;
         Ok(Done::Heartbeat(Timestamp::from_millis(new_until)))
     }

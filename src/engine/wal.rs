@@ -444,7 +444,7 @@ pub fn fuzz_log_replay(data: &[u8]) {
         inner: std::sync::Arc::clone(&storage),
         start: 0,
     };
-    let mut builder = crate::Builder::new();
+    let mut builder = crate::StoreBuilder::new();
     builder.log_size(MIN_LOG_LEN);
     // A new store checkpoints when it opens and when it closes: its log is empty and the next
     // entry is number 1.

@@ -79,7 +79,7 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::outcome::{Claim, Lease};
-use crate::engine::record::Response;
+use crate::api::response::Response;
 use crate::error::Error;
 
 /// The request header that carries the key: `Idempotency-Key`.

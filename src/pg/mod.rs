@@ -14,14 +14,13 @@ use r2d2_postgres::PostgresConnectionManager;
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
-use crate::api::key::{Key, MAX_KEY_LEN};
+use crate::api::key::Key;
 use crate::api::outcome::{Claim, Lease, RecordView};
-use crate::engine::ops::{Decision, decide};
-use crate::engine::record::{Record, Response, State};
+use crate::api::record::{Record, State, Verdict, verdict};
+use crate::api::report::{Stats, VerifyReport};
+use crate::api::response::Response;
+use crate::api::settings::{Settings, invalid_config};
 use crate::error::{Error, Result};
-use crate::store::builder::{check_common, invalid_config};
-use crate::store::maintenance::{Stats, VerifyReport};
-use crate::store::view;
 
 /// The schema version this build migrates to.
 const SCHEMA_VERSION: i32 = 1;
@@ -126,9 +125,9 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
 /// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is one bounded
 /// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
-/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED`, in the redb store's order (expiry, then
-/// stored key);
-/// concurrent sweepers skip each other's rows instead of waiting.
+/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED`: oldest expiry first like the redb store,
+/// with ties by key here (the redb store breaks them by key hash); concurrent sweepers skip
+/// each other's rows instead of waiting.
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three; every settling call is one.
@@ -158,13 +157,10 @@ impl std::fmt::Debug for PgStore {
 }
 
 /// Settings for connecting a [`PgStore`]. Every setter states its default; the shared ones
-/// mean what they mean on [`Builder`](crate::Builder).
+/// are one [`Settings`] type with the redb [`StoreBuilder`](crate::StoreBuilder)'s.
 #[derive(Clone)]
 pub struct PgStoreBuilder {
-    retention: Duration,
-    lease: Duration,
-    max_key_len: usize,
-    max_response_bytes: usize,
+    shared: Settings,
     pool_size: u32,
     connection_timeout: Duration,
     schema: String,
@@ -174,10 +170,7 @@ pub struct PgStoreBuilder {
 impl Default for PgStoreBuilder {
     fn default() -> Self {
         PgStoreBuilder {
-            retention: Duration::from_secs(24 * 3600),
-            lease: Duration::from_secs(60),
-            max_key_len: MAX_KEY_LEN,
-            max_response_bytes: 1 << 20,
+            shared: Settings::default(),
             pool_size: 10,
             connection_timeout: Duration::from_secs(30),
             schema: "public".to_owned(),
@@ -189,10 +182,7 @@ impl Default for PgStoreBuilder {
 impl std::fmt::Debug for PgStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStoreBuilder")
-            .field("retention", &self.retention)
-            .field("lease", &self.lease)
-            .field("max_key_len", &self.max_key_len)
-            .field("max_response_bytes", &self.max_response_bytes)
+            .field("shared", &self.shared)
             .field("pool_size", &self.pool_size)
             .field("connection_timeout", &self.connection_timeout)
             .field("schema", &self.schema)
@@ -208,29 +198,30 @@ impl PgStoreBuilder {
         Self::default()
     }
 
-    /// How long a completed record replays, counted from its completion. Defaults to 24 hours.
+    /// Sets [`Settings::retention`]: how long a completed record replays. Defaults to 24 hours.
     pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.retention = retention;
+        self.shared.retention = retention;
         self
     }
 
-    /// How long a claim holds the key before another caller may take it over. Defaults to 60
-    /// seconds.
+    /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
+    /// it over. Defaults to 60 seconds.
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.lease = lease;
+        self.shared.lease = lease;
         self
     }
 
-    /// The longest key (and scope) accepted, in bytes, at most 255. Defaults to 255.
+    /// Sets [`Settings::max_key_len`]: the longest key accepted, in bytes, at most 255.
+    /// Defaults to 255.
     pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
-        self.max_key_len = bytes;
+        self.shared.max_key_len = bytes;
         self
     }
 
-    /// The largest response (body plus header names and values) or checkpoint accepted, in
-    /// bytes. Defaults to 1 MiB.
+    /// Sets [`Settings::max_response_bytes`]: the largest response or recovery point accepted.
+    /// Defaults to 1 MiB.
     pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.max_response_bytes = bytes;
+        self.shared.max_response_bytes = bytes;
         self
     }
 
@@ -301,15 +292,15 @@ impl PgStoreBuilder {
         Ok(PgStore {
             pool,
             sql,
-            lease_ms: capped(millis(self.lease), MAX_DURATION_MS),
-            retention_ms: capped(millis(self.retention), MAX_DURATION_MS),
+            lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
+            retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings: self.clone(),
             high_water: AtomicU64::new(0),
         })
     }
 
     fn validate(&self) -> Result<()> {
-        check_common(self.retention, self.lease, self.max_key_len)?;
+        self.shared.validate()?;
         if self.pool_size == 0 {
             return invalid_config("pool_size must be at least 1");
         }
@@ -346,10 +337,10 @@ impl PgStore {
         PgStoreBuilder::new().connect(url)
     }
 
-    /// The settings this store was connected with.
+    /// The settings this store shares with every backend, as it was connected with them.
     #[must_use]
-    pub fn settings(&self) -> &PgStoreBuilder {
-        &self.settings
+    pub fn settings(&self) -> &Settings {
+        &self.settings.shared
     }
 
     /// The store's current time: the injected clock's (never going backwards), or else the
@@ -398,11 +389,11 @@ impl PgStore {
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {
-        key.check_len(self.settings.max_key_len)
+        self.settings.shared.check_key(key)
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
-        crate::engine::record::check_size(size, self.settings.max_response_bytes)
+        self.settings.shared.check_size(size)
     }
 
     /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and
@@ -470,7 +461,7 @@ impl IdempotencyStore for PgStore {
                 let Some(record) = record_from(&row, 1)? else {
                     continue; // released or swept since the insert: start over
                 };
-                if let Decision::Answer(answer) = decide(Some(record), fingerprint, db_now) {
+                if let Verdict::Answer(answer) = verdict(Some(record), fingerprint, db_now) {
                     return Ok(answer);
                 }
                 // Expired or lapsed: take it over if it still is, re-checked on the latest row.
@@ -548,7 +539,7 @@ impl IdempotencyStore for PgStore {
             let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
             Ok(record_from(&row, 1)?
                 .filter(|r| !r.is_expired(db_now))
-                .map(view))
+                .map(Record::into_view))
         })
     }
 
@@ -712,6 +703,7 @@ impl Sql {
                  DELETE FROM {t} AS r USING doomed AS d, c \
                  WHERE r.ctid = d.ctid AND r.expires_at <= c.now"
             ),
+            // The second count is `RecordView::is_stuck`, in SQL.
             stats: format!(
                 "{NOW} SELECT \
                  count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress'), \

@@ -5,24 +5,15 @@ use std::marker::PhantomData;
 
 use redb::ReadableDatabase;
 
-use crate::api::clock::Timestamp;
 use crate::api::key::Key;
+use crate::api::outcome::ForceRelease;
 use crate::api::outcome::RecordView;
+use crate::api::record::Record;
+use crate::api::report::StoredRecord;
 use crate::engine::ops::{Done, Op};
-use crate::engine::record::Record;
 use crate::engine::tables::{self, RECORDS};
 use crate::error::{Error, Result, contain};
-use crate::store::{Store, misrouted, view};
-
-/// One record with its key, as [`Store::records`] yields it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoredRecord {
-    /// The record's key (with its scope).
-    pub key: Key,
-    /// The record, expired or not: compare [`RecordView::expires_at`] with [`Store::now`].
-    pub record: RecordView,
-}
+use crate::store::{Store, misrouted};
 
 /// An iterator over every record of a store, in storage order, from one read snapshot. Created
 /// by [`Store::records`].
@@ -67,26 +58,6 @@ impl Iterator for Records<'_> {
     }
 }
 
-/// What [`Store::force_release`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ForceRelease {
-    /// The in-progress record was deleted: the next claim of the key runs the operation afresh
-    /// (attempt 1).
-    Released {
-        /// The attempt that held the key.
-        attempt: u32,
-        /// When its lease lapses (or lapsed). If this is later than the time of the release,
-        /// the holder may well still be running.
-        lease_until: Timestamp,
-    },
-    /// The record is completed; nothing was changed (its response keeps replaying).
-    Completed,
-    /// There is no record for the key, or it has expired (a sweep deletes it); nothing was
-    /// changed.
-    NotFound,
-}
-
 impl Store {
     /// Walks every record of the store, expired ones included, in storage order, from one read
     /// snapshot (writers go on meanwhile and are not seen). For operator tools such as a listing
@@ -127,7 +98,7 @@ impl Store {
     /// # Errors
     /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
     pub fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        Ok(self.read(key)?.map(view))
+        Ok(self.read(key)?.map(Record::into_view))
     }
 
     /// Deletes the key's **in-progress** record without holding its lease, so that the next
@@ -190,6 +161,6 @@ fn stored_record(key: &[u8], value: &[u8]) -> Result<StoredRecord> {
     let record = Record::decode(key, value).map_err(damaged)?;
     Ok(StoredRecord {
         key: parsed,
-        record: view(record),
+        record: record.into_view(),
     })
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::clock::{Clock, SystemClock};
-use crate::api::key::MAX_KEY_LEN;
+use crate::api::settings::{Settings, invalid_config};
 use crate::engine::layout::{self, Region, Shared, Tail};
 use crate::engine::wal;
 use crate::error::{Error, Result, contain};
@@ -47,12 +47,9 @@ pub enum Durability {
 /// # Ok::<(), idempotency_store::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct Builder {
-    pub(crate) retention: Duration,
-    pub(crate) lease: Duration,
+pub struct StoreBuilder {
+    pub(crate) settings: Settings,
     pub(crate) durability: Durability,
-    pub(crate) max_key_len: usize,
-    pub(crate) max_response_bytes: usize,
     pub(crate) cache_size: usize,
     pub(crate) max_batch: usize,
     pub(crate) log_size: u64,
@@ -75,14 +72,15 @@ pub enum WhenFull {
     EvictOldestCompleted,
 }
 
-impl Default for Builder {
+/// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.
+#[deprecated(note = "renamed to `StoreBuilder`")]
+pub type Builder = StoreBuilder;
+
+impl Default for StoreBuilder {
     fn default() -> Self {
-        Builder {
-            retention: Duration::from_secs(24 * 3600),
-            lease: Duration::from_secs(60),
+        StoreBuilder {
+            settings: Settings::default(),
             durability: Durability::Immediate,
-            max_key_len: MAX_KEY_LEN,
-            max_response_bytes: 1 << 20,
             cache_size: 8 << 20,
             max_batch: 128,
             log_size: layout::DEFAULT_LOG_LEN,
@@ -94,14 +92,11 @@ impl Default for Builder {
     }
 }
 
-impl std::fmt::Debug for Builder {
+impl std::fmt::Debug for StoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Builder")
-            .field("retention", &self.retention)
-            .field("lease", &self.lease)
+        f.debug_struct("StoreBuilder")
+            .field("settings", &self.settings)
             .field("durability", &self.durability)
-            .field("max_key_len", &self.max_key_len)
-            .field("max_response_bytes", &self.max_response_bytes)
             .field("cache_size", &self.cache_size)
             .field("max_batch", &self.max_batch)
             .field("log_size", &self.log_size)
@@ -112,25 +107,23 @@ impl std::fmt::Debug for Builder {
     }
 }
 
-impl Builder {
+impl StoreBuilder {
     /// A builder with every setting at its default.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// How long a completed record replays, counted from its completion. An in-progress record
-    /// is kept until `retention` after its first claim (or its lease, if later), so a takeover
-    /// still sees the attempt count and checkpoint. Defaults to 24 hours.
+    /// Sets [`Settings::retention`]: how long a completed record replays. Defaults to 24 hours.
     pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.retention = retention;
+        self.settings.retention = retention;
         self
     }
 
-    /// How long a claim holds the key before another caller may take it over (the holder may
-    /// have crashed). Extend it with [`Store::heartbeat`]. Defaults to 60 seconds.
+    /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
+    /// it over. Extend it with [`Store::heartbeat`]. Defaults to 60 seconds.
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
@@ -140,16 +133,17 @@ impl Builder {
         self
     }
 
-    /// The longest key (and scope) accepted, in bytes, at most 255. Defaults to 255.
+    /// Sets [`Settings::max_key_len`]: the longest key accepted, in bytes, at most 255.
+    /// Defaults to 255.
     pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
-        self.max_key_len = bytes;
+        self.settings.max_key_len = bytes;
         self
     }
 
-    /// The largest response (body plus header names and values) or checkpoint accepted, in
-    /// bytes. Defaults to 1 MiB.
+    /// Sets [`Settings::max_response_bytes`]: the largest response or recovery point accepted.
+    /// Defaults to 1 MiB.
     pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.max_response_bytes = bytes;
+        self.settings.max_response_bytes = bytes;
         self
     }
 
@@ -190,7 +184,7 @@ impl Builder {
 
     /// The most records the store holds (any state, expired ones included until swept). A
     /// claim of a new key beyond it first deletes expired records, then follows
-    /// [`when_full`](Builder::when_full). Defaults to no limit.
+    /// [`when_full`](StoreBuilder::when_full). Defaults to no limit.
     pub fn max_records(&mut self, records: u64) -> &mut Self {
         self.max_records = Some(records);
         self
@@ -245,7 +239,7 @@ impl Builder {
     /// tests, or encrypts pages).
     ///
     /// # Errors
-    /// As for [`Builder::open`].
+    /// As for [`StoreBuilder::open`].
     pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
         contain("opening the store", || {
@@ -284,7 +278,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<()> {
-        check_common(self.retention, self.lease, self.max_key_len)?;
+        self.settings.validate()?;
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }
@@ -341,24 +335,4 @@ fn redb_open_error(err: redb::DatabaseError) -> Error {
         }
         other => other.into(),
     }
-}
-
-/// The settings every backend shares.
-pub(crate) fn check_common(retention: Duration, lease: Duration, max_key_len: usize) -> Result<()> {
-    if retention.is_zero() {
-        return invalid_config("retention must be longer than zero");
-    }
-    if lease.is_zero() {
-        return invalid_config("lease must be longer than zero");
-    }
-    if !(1..=MAX_KEY_LEN).contains(&max_key_len) {
-        return invalid_config("max_key_len must be between 1 and 255");
-    }
-    Ok(())
-}
-
-pub(crate) fn invalid_config<T>(reason: &str) -> Result<T> {
-    Err(Error::InvalidConfig {
-        reason: reason.to_owned(),
-    })
 }

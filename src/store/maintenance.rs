@@ -3,46 +3,12 @@
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::api::key::Key;
-use crate::engine::record::{Record, State};
+use crate::api::outcome::RecordState;
+use crate::api::record::{Record, State};
+use crate::api::report::{Stats, VerifyReport};
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::error::{Error, Result, contain};
 use crate::store::Store;
-
-/// What [`Store::verify`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// Records walked.
-    pub records: u64,
-    /// Expiry-index entries walked.
-    pub expiry_entries: u64,
-    /// One line per problem; empty when the store is consistent.
-    pub problems: Vec<String>,
-}
-
-impl VerifyReport {
-    /// True when no problem was found.
-    #[must_use]
-    pub fn is_clean(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
-/// Counts from [`Store::stats`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Unexpired records held by an attempt (including lapsed leases not yet taken over).
-    pub in_progress: u64,
-    /// Of those, the ones whose lease has lapsed: stuck until a retry takes them over.
-    pub stuck: u64,
-    /// Unexpired completed records.
-    pub completed: u64,
-    /// Expired records waiting for a sweep.
-    pub expired: u64,
-    /// Size of the store file in bytes (`None` in memory).
-    pub file_bytes: Option<u64>,
-}
 
 impl Store {
     /// Walks both tables and checks the invariants: every record decodes and has a valid key,
@@ -171,12 +137,13 @@ impl Store {
                 stats.expired += 1;
                 continue;
             }
-            match record.state {
-                State::InProgress { lease_until, .. } => {
+            let view = record.into_view();
+            match view.state {
+                RecordState::InProgress { .. } => {
                     stats.in_progress += 1;
-                    stats.stuck += u64::from(now.as_millis() >= lease_until);
+                    stats.stuck += u64::from(view.is_stuck(now));
                 }
-                State::Completed { .. } => stats.completed += 1,
+                RecordState::Completed { .. } => stats.completed += 1,
             }
         }
         Ok(stats)

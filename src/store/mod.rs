@@ -1,6 +1,7 @@
 //! The store: opening, the claim/settle calls, lookups and maintenance.
 
 pub(crate) mod admin;
+mod backend;
 pub(crate) mod builder;
 pub(crate) mod maintenance;
 pub(crate) mod sweep;
@@ -17,19 +18,21 @@ use redb::{
 use crate::api::clock::{Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, Outcome, RecordState, RecordView};
+use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
+use crate::api::record::{Record, Verdict, verdict};
+use crate::api::response::Response;
+use crate::api::settings::Settings;
 use crate::engine::commit::Committer;
 use crate::engine::flush::{Flusher, Job};
 use crate::engine::ops::{
-    Counters, Ctx, Decision, Done, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, Op,
-    Quota, STORE_FORMAT, Tables, decide,
+    Counters, Ctx, Done, Fail, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, Op, Quota,
+    STORE_FORMAT, Tables,
 };
 use crate::engine::overlay::{self, Shared};
-use crate::engine::record::{Record, Response, State, check_size};
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log};
 use crate::error::{Error, Result, contain};
-use crate::store::builder::{Builder, Durability, WhenFull};
+use crate::store::builder::{Durability, StoreBuilder, WhenFull};
 use crate::store::wait::Waiters;
 
 /// A durable idempotency-key store in one file (a write-ahead log and a redb database).
@@ -42,7 +45,7 @@ pub struct Store {
     /// Always `Some` until the store is dropped; an `Option` so that `Drop` can contain a
     /// panic of redb's own drop on a damaged file.
     db: Option<Arc<Database>>,
-    pub(crate) config: Builder,
+    pub(crate) config: StoreBuilder,
     path: Option<PathBuf>,
     committer: Committer,
     pub(crate) waiters: Waiters,
@@ -77,15 +80,15 @@ impl Store {
     /// Opens (or creates) the store file at `path` with default settings.
     ///
     /// # Errors
-    /// As for [`Builder::open`].
+    /// As for [`StoreBuilder::open`].
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Store> {
-        Builder::new().open(path)
+        StoreBuilder::new().open(path)
     }
 
     /// A builder for a store with custom settings.
     #[must_use]
-    pub fn builder() -> Builder {
-        Builder::new()
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::new()
     }
 
     /// Sets up the tables of a new store, or checks an existing one's, and replays the log
@@ -93,7 +96,7 @@ impl Store {
     pub(crate) fn init(
         db: Database,
         opened: crate::store::builder::Opened,
-        config: Builder,
+        config: StoreBuilder,
         path: Option<PathBuf>,
     ) -> Result<Store> {
         let mut txn = db.begin_write()?;
@@ -206,7 +209,7 @@ impl Store {
     /// (its lease then lapses normally).
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         self.check_key(key)?;
-        if let Decision::Answer(answer) = decide(self.read(key)?, fingerprint, self.now()) {
+        if let Verdict::Answer(answer) = verdict(self.read(key)?, fingerprint, self.now()) {
             return Ok(answer);
         }
         match self.write(Op::Claim {
@@ -336,13 +339,16 @@ impl Store {
     pub fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
         self.check_key(key)?;
         let now = self.now();
-        Ok(self.read(key)?.filter(|r| !r.is_expired(now)).map(view))
+        Ok(self
+            .read(key)?
+            .filter(|r| !r.is_expired(now))
+            .map(Record::into_view))
     }
 
-    /// The settings this store was opened with.
+    /// The settings this store shares with every backend, as it was opened with them.
     #[must_use]
-    pub fn settings(&self) -> &Builder {
-        &self.config
+    pub fn settings(&self) -> &Settings {
+        &self.config.settings
     }
 
     /// The file behind the store, if it has one.
@@ -361,11 +367,11 @@ impl Store {
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {
-        key.check_len(self.config.max_key_len)
+        self.config.settings.check_key(key)
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
-        check_size(size, self.config.max_response_bytes)
+        self.config.settings.check_size(size)
     }
 
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
@@ -604,8 +610,8 @@ impl Store {
         tables.usage = counters.usage;
         let mut ctx = Ctx {
             now: self.now(),
-            lease_ms: millis(self.config.lease),
-            retention_ms: millis(self.config.retention),
+            lease_ms: millis(self.config.settings.lease),
+            retention_ms: millis(self.config.settings.retention),
             next_token: counters.next_token,
             quota: Quota {
                 max_records: self.config.max_records,
@@ -753,33 +759,6 @@ impl Drop for Store {
                 Ok(())
             });
         }
-    }
-}
-
-pub(crate) fn view(record: Record) -> RecordView {
-    let state = match record.state {
-        State::InProgress {
-            lease_until,
-            checkpoint,
-            ..
-        } => RecordState::InProgress {
-            lease_until: Timestamp::from_millis(lease_until),
-            checkpoint,
-        },
-        State::Completed {
-            completed_at,
-            response,
-        } => RecordState::Completed {
-            completed_at: Timestamp::from_millis(completed_at),
-            response,
-        },
-    };
-    RecordView {
-        fingerprint: record.fingerprint,
-        created_at: Timestamp::from_millis(record.created_at),
-        expires_at: Timestamp::from_millis(record.expires_at),
-        attempt: record.attempt,
-        state,
     }
 }
 

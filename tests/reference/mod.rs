@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use idempotency_store::{
-    Builder, Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordState,
-    RecordView, Replay, Response, Store, Timestamp,
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordState, RecordView,
+    Replay, Response, Store, StoreBuilder, Timestamp,
 };
 
 pub const T0: u64 = 1_700_000_000_000;
@@ -631,7 +631,7 @@ pub fn check_backend<S: IdempotencyStore + ?Sized>(
 }
 
 /// The settings of every model run: lease, retention, the manual clock and `max_batch`.
-pub fn builder(clock: &ManualClock, max_batch: usize) -> Builder {
+pub fn builder(clock: &ManualClock, max_batch: usize) -> StoreBuilder {
     let mut builder = Store::builder();
     builder
         .lease(Duration::from_millis(LEASE_MS))
@@ -644,7 +644,10 @@ pub fn builder(clock: &ManualClock, max_batch: usize) -> Builder {
 /// One caller on keys `0..SEQ_KEYS`, every step compared and the whole store checked after
 /// each. `open` opens the store with the given settings, at the start and at each `Reopen`,
 /// on the same storage each time.
-pub fn run_sequential(steps: &[Step], open: &dyn Fn(&Builder) -> Result<Store, Error>) -> Outcome {
+pub fn run_sequential(
+    steps: &[Step],
+    open: &dyn Fn(&StoreBuilder) -> Result<Store, Error>,
+) -> Outcome {
     let clock = ManualClock::new(ts(T0));
     let settings = builder(&clock, 128);
     run_steps(

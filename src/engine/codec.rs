@@ -1,4 +1,4 @@
-//! The stored record and its versioned encoding.
+//! The record codec: a [`Record`]'s versioned, checksummed encoding.
 //!
 //! A record is one format-version byte, the postcard encoding of [`Record`], and an 8-byte
 //! checksum over the stored key, the version byte and the encoding. The version byte lets a
@@ -12,87 +12,16 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
+use crate::api::record::{Record, State};
+use crate::api::response::Response;
 use crate::error::{Error, Result};
 
 /// The record encoding this version writes and reads. 2: times after `created_at` are stored
 /// as offsets from it (1 stored them whole, 5 more bytes per record).
 pub(crate) const FORMAT_VERSION: u8 = 2;
 
-/// A response to store and replay: status, headers and body, byte for byte.
-///
-/// Header names are kept as given (no case folding) and in order, duplicates included.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Response {
-    /// The HTTP status code (or any application status).
-    pub status: u16,
-    /// Header names and raw values, in order.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The body bytes.
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// A response with a status and body and no headers.
-    #[must_use]
-    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
-        Response {
-            status,
-            headers: Vec::new(),
-            body: body.into(),
-        }
-    }
-
-    /// Adds a header, keeping earlier ones.
-    #[must_use]
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    /// The size counted against `max_response_bytes`: the body plus every header name and
-    /// value.
-    #[must_use]
-    pub fn size(&self) -> usize {
-        self.headers
-            .iter()
-            .map(|(n, v)| n.len() + v.len())
-            .fold(self.body.len(), usize::saturating_add)
-    }
-}
-
-/// One key's record. Times are milliseconds since the Unix epoch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Record {
-    pub fingerprint: Fingerprint,
-    pub created_at: u64,
-    /// When the record stops counting; mirrored by exactly one entry in the expiry index.
-    pub expires_at: u64,
-    /// 1 for the first claim, +1 per takeover.
-    pub attempt: u32,
-    pub state: State,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum State {
-    InProgress {
-        /// The fencing token of the current lease.
-        token: u64,
-        lease_until: u64,
-        checkpoint: Option<Vec<u8>>,
-    },
-    Completed {
-        completed_at: u64,
-        response: Response,
-    },
-}
-
 impl Record {
-    pub(crate) fn is_expired(&self, now: Timestamp) -> bool {
-        now.as_millis() >= self.expires_at
-    }
-
     pub(crate) fn encode(&self, key: &[u8]) -> Result<Vec<u8>> {
         let after = |t: u64| {
             t.checked_sub(self.created_at).ok_or_else(|| {
@@ -221,14 +150,6 @@ impl Wire<'_> {
             state,
         })
     }
-}
-
-/// Checks a response's (or checkpoint's) size against a store's `max_response_bytes`.
-pub(crate) fn check_size(size: usize, limit: usize) -> Result<()> {
-    if size > limit {
-        return Err(Error::ResponseTooLarge { size, limit });
-    }
-    Ok(())
 }
 
 const CHECKSUM_LEN: usize = 8;

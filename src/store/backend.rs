@@ -1,0 +1,53 @@
+//! The redb [`Store`] as an [`IdempotencyStore`]: every call forwards to the inherent method.
+
+use crate::api::backend::IdempotencyStore;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::api::report::{Stats, VerifyReport};
+use crate::api::response::Response;
+use crate::error::Result;
+use crate::store::Store;
+
+impl IdempotencyStore for Store {
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        Store::claim(self, key, fingerprint)
+    }
+
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        Store::complete(self, lease, response)
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        Store::release(self, lease)
+    }
+
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        Store::heartbeat(self, lease)
+    }
+
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+        Store::checkpoint(self, lease, data)
+    }
+
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        Store::lookup(self, key)
+    }
+
+    fn sweep(&self, limit: usize) -> Result<usize> {
+        Store::sweep(self, limit)
+    }
+
+    fn sweep_all(&self) -> Result<u64> {
+        Store::sweep_all(self)
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        Store::verify(self)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        Store::stats(self)
+    }
+}
