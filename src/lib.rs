@@ -115,6 +115,6 @@ pub use crate::api::key::fuzz_key;
 #[doc(hidden)]
 pub use crate::engine::codec::fuzz_decode_record;
 #[doc(hidden)]
-pub use crate::engine::wal::fuzz_log_replay;
+pub use crate::engine::contain::contained_panics;
 #[doc(hidden)]
-pub use crate::error::contained_panics;
+pub use crate::engine::wal::fuzz_log_replay;

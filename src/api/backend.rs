@@ -9,9 +9,10 @@ use crate::api::response::Response;
 use crate::error::{Error, Result};
 
 /// How many expired records one round of `sweep_all` deletes, on every backend (and in the CLI's
-/// `sweep`): each round is one bounded transaction, and other writers get their turn between
-/// rounds, so small rounds keep the latency of concurrent claims low (BENCHMARKS.md measures
-/// it).
+/// `sweep`). Each round is one bounded transaction. Expired keys are scattered through the
+/// records table, so each deletion dirties a page of its own; a claim queued behind a sweep
+/// waits for at most one round (sweeps never share a batch), so this bounds a sweep's effect
+/// on claim latency. BENCHMARKS.md ("Sweep batch size") has the measurements behind 64.
 pub const SWEEP_BATCH: usize = 64;
 
 /// The operations of an idempotency store, with the same types and the same outcomes on every

@@ -147,10 +147,9 @@ impl RecordView {
     /// behind [`Stats::stuck`](crate::Stats::stuck) for both backends and the CLI's `--stuck`.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store};
-    /// use std::time::Duration;
+    /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store, Timestamp};
     ///
-    /// let clock = ManualClock::new(0);
+    /// let clock = ManualClock::new(Timestamp::EPOCH);
     /// let store = Store::builder().clock(clock.clone()).open_in_memory()?;
     /// let key = Key::new("k")?;
     /// let Claim::Acquired(_lease) = store.claim(&key, Fingerprint::of(["r"]))? else { panic!() };

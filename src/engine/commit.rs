@@ -1,22 +1,26 @@
 //! Group commit: many threads' write calls share one transaction and one durable commit.
 //!
-//! Leader/follower with no thread of its own. A caller queues its operation; if no leader is
-//! active it becomes the leader, takes up to `max_batch` queued operations in arrival order,
+//! Leader/follower with no thread of its own. A caller queues its call; if no leader is
+//! active it becomes the leader, takes up to `max_batch` queued calls in arrival order,
 //! runs them in one transaction and commits, then hands each caller its result and appoints
 //! the caller at the head of the queue as the next leader. Callers that queued while that
 //! commit was syncing form the next batch, so batches grow with load by themselves and a lone
 //! caller never waits for company.
 //!
-//! Each caller waits on a slot of its own, so a commit wakes exactly its batch's callers and the
-//! next leader, not every waiter (with 64 callers a shared condvar made every commit a
-//! thundering herd, and halved the batches).
+//! Each caller waits on a slot of its own, typed by its call's result, so a commit wakes
+//! exactly its batch's callers and the next leader, not every waiter (with 64 callers a shared
+//! condvar made every commit a thundering herd, and halved the batches), and no caller can be
+//! handed another call's kind of result.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::ops::{Done, Op};
+use crate::api::clock::Timestamp;
+use crate::engine::batch::{Access, Ctx, Direct, Fail, Layered, Tables};
+use crate::engine::ops::Write;
+use crate::engine::scan::Swept;
 use crate::error::{Error, Result};
 
 pub(crate) struct Committer {
@@ -26,39 +30,211 @@ pub(crate) struct Committer {
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<(Op, Arc<Slot>)>,
+    jobs: VecDeque<Job>,
     /// A leader is running a batch, or has been appointed and will.
     leader: bool,
 }
 
 /// Where one caller waits for its turn to lead or for its result.
-#[derive(Default)]
-struct Slot {
-    state: Mutex<Turn>,
+pub(crate) struct Slot<T> {
+    turn: Mutex<Turn<T>>,
     changed: Condvar,
 }
 
-#[derive(Default)]
-enum Turn {
-    #[default]
+enum Turn<T> {
     Queued,
     Lead,
-    Done(Result<Done>),
+    Done(Result<T>),
 }
 
-impl Slot {
-    fn set(&self, turn: Turn) {
-        *self.state.lock() = turn;
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Slot {
+            turn: Mutex::new(Turn::Queued),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Slot<T> {
+    fn set(&self, turn: Turn<T>) {
+        *self.turn.lock() = turn;
         self.changed.notify_one();
     }
 
     /// Waits until this caller leads or has its result.
-    fn wait(&self) -> Turn {
-        let mut state = self.state.lock();
-        while matches!(*state, Turn::Queued) {
-            self.changed.wait(&mut state);
+    fn wait(&self) -> Turn<T> {
+        let mut turn = self.turn.lock();
+        while matches!(*turn, Turn::Queued) {
+            self.changed.wait(&mut turn);
         }
-        std::mem::take(&mut *state)
+        std::mem::replace(&mut *turn, Turn::Queued)
+    }
+}
+
+/// A caller's result on its way: the call's own result once applied, handed over only when the
+/// batch's fate is known. Dropped without a verdict (a batch abandoned by a panic), it hands
+/// over an error, so no caller waits forever and none is told `Ok` for an uncommitted write.
+struct Reply<T> {
+    slot: Arc<Slot<T>>,
+    applied: Option<Result<T>>,
+    outcome: Option<Result<T>>,
+}
+
+impl<T> Reply<T> {
+    fn new(slot: Arc<Slot<T>>) -> Self {
+        Reply {
+            slot,
+            applied: None,
+            outcome: None,
+        }
+    }
+
+    fn committed(&mut self) {
+        self.outcome = self.applied.take();
+    }
+
+    fn failed(&mut self, err: &Error) {
+        self.outcome = Some(Err(err.clone()));
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        let result = self.outcome.take().unwrap_or_else(|| {
+            Err(Error::storage(
+                "committing a batch",
+                std::io::Error::other("the batch was abandoned by a panic"),
+            ))
+        });
+        self.slot.set(Turn::Done(result));
+    }
+}
+
+/// A queued write call with its result type erased, so calls of every kind share a batch.
+pub(crate) trait Pending: Send {
+    /// Appoints this call's caller to lead the next batch.
+    fn lead(&self);
+    /// Applies the call; `Err` fails the whole batch.
+    fn apply_direct(&mut self, tables: &mut Tables<Direct<'_>>, ctx: &mut Ctx) -> Result<()>;
+    /// Applies the call; `Err` fails the whole batch.
+    fn apply_layered(&mut self, tables: &mut Tables<Layered<'_>>, ctx: &mut Ctx) -> Result<()>;
+    /// The batch is durable: the caller gets the call's own result.
+    fn committed(&mut self);
+    /// The batch failed: the caller gets `err`.
+    fn failed(&mut self, err: &Error);
+}
+
+/// A write call and where its result goes.
+struct Queued<W: Write> {
+    write: Option<W>,
+    reply: Reply<W::Output>,
+}
+
+impl<W: Write> Queued<W> {
+    fn apply<A: Access>(&mut self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<()> {
+        let Some(write) = self.write.take() else {
+            return Ok(());
+        };
+        self.reply.applied = Some(match write.apply(tables, ctx) {
+            Ok(output) => Ok(output),
+            Err(Fail::Op(err)) => Err(err),
+            Err(Fail::Batch(err)) => return Err(err),
+        });
+        Ok(())
+    }
+}
+
+impl<W: Write> Pending for Queued<W> {
+    fn lead(&self) {
+        self.reply.slot.set(Turn::Lead);
+    }
+
+    fn apply_direct(&mut self, tables: &mut Tables<Direct<'_>>, ctx: &mut Ctx) -> Result<()> {
+        self.apply(tables, ctx)
+    }
+
+    fn apply_layered(&mut self, tables: &mut Tables<Layered<'_>>, ctx: &mut Ctx) -> Result<()> {
+        self.apply(tables, ctx)
+    }
+
+    fn committed(&mut self) {
+        self.reply.committed();
+    }
+
+    fn failed(&mut self, err: &Error) {
+        self.reply.failed(err);
+    }
+}
+
+/// A sweep: it scans the expiry index, so it runs alone, in a direct transaction.
+pub(crate) struct SweepCall {
+    limit: usize,
+    reply: Reply<Swept>,
+}
+
+impl SweepCall {
+    /// Sweeps in `tables`; `Err` fails the transaction.
+    pub(crate) fn apply(&mut self, tables: &mut Tables<Direct<'_>>, now: Timestamp) -> Result<()> {
+        self.reply.applied = Some(match tables.sweep(now, self.limit) {
+            Ok(swept) => Ok(swept),
+            Err(Fail::Op(err)) => Err(err),
+            Err(Fail::Batch(err)) => return Err(err),
+        });
+        Ok(())
+    }
+}
+
+/// A queued call.
+pub(crate) enum Job {
+    Write(Box<dyn Pending>),
+    Sweep(SweepCall),
+}
+
+impl Job {
+    /// `write`, answered in `slot`.
+    pub(crate) fn write<W: Write>(write: W, slot: Arc<Slot<W::Output>>) -> Job {
+        Job::Write(Box::new(Queued {
+            write: Some(write),
+            reply: Reply::new(slot),
+        }))
+    }
+
+    /// A sweep of up to `limit` records, answered in `slot`.
+    pub(crate) fn sweep(limit: usize, slot: Arc<Slot<Swept>>) -> Job {
+        Job::Sweep(SweepCall {
+            limit,
+            reply: Reply::new(slot),
+        })
+    }
+
+    fn lead(&self) {
+        match self {
+            Job::Write(write) => write.lead(),
+            Job::Sweep(sweep) => sweep.reply.slot.set(Turn::Lead),
+        }
+    }
+}
+
+/// What one leader runs: write calls that share a transaction, or one sweep.
+pub(crate) enum Batch {
+    Writes(Vec<Box<dyn Pending>>),
+    Sweep(SweepCall),
+}
+
+impl Batch {
+    fn committed(&mut self) {
+        match self {
+            Batch::Writes(writes) => writes.iter_mut().for_each(|w| w.committed()),
+            Batch::Sweep(sweep) => sweep.reply.committed(),
+        }
+    }
+
+    fn failed(&mut self, err: &Error) {
+        match self {
+            Batch::Writes(writes) => writes.iter_mut().for_each(|w| w.failed(err)),
+            Batch::Sweep(sweep) => sweep.reply.failed(err),
+        }
     }
 }
 
@@ -70,16 +246,16 @@ impl Committer {
         }
     }
 
-    /// Runs `op` in some batch and returns its result once that batch's commit is durable (or
-    /// has failed). `run` executes one batch and returns one result per operation, in order.
-    pub(crate) fn submit<F>(&self, op: Op, run: F) -> Result<Done>
+    /// Runs `job`, whose caller waits on `slot`, in some batch and returns its result once that
+    /// batch's commit is durable (or has failed). `run` executes one batch: `Ok` means it
+    /// committed.
+    pub(crate) fn submit<T, F>(&self, job: Job, slot: &Slot<T>, run: F) -> Result<T>
     where
-        F: Fn(Vec<Op>) -> Vec<Result<Done>>,
+        F: Fn(&mut Batch) -> Result<()>,
     {
-        let slot = Arc::new(Slot::default());
         let lead_now = {
             let mut queue = self.queue.lock();
-            queue.jobs.push_back((op, Arc::clone(&slot)));
+            queue.jobs.push_back(job);
             !std::mem::replace(&mut queue.leader, true)
         };
         if lead_now {
@@ -88,8 +264,8 @@ impl Committer {
         loop {
             match slot.wait() {
                 Turn::Done(result) => return result,
-                // A leader is always at the head of the queue, so its own operation is in the
-                // batch it runs and the next wait returns its result.
+                // A leader is always at the head of the queue, so its own call is in the batch
+                // it runs and the next wait returns its result.
                 Turn::Lead => self.lead(&run),
                 Turn::Queued => {}
             }
@@ -98,60 +274,52 @@ impl Committer {
 
     fn lead<F>(&self, run: &F)
     where
-        F: Fn(Vec<Op>) -> Vec<Result<Done>>,
+        F: Fn(&mut Batch) -> Result<()>,
     {
-        let (ops, slots): (Vec<Op>, Vec<Arc<Slot>>) = {
-            let mut queue = self.queue.lock();
-            let n = batch_len(&queue.jobs, self.max_batch);
-            queue.jobs.drain(..n).unzip()
-        };
-        let mut handoff = Handoff {
-            committer: self,
-            slots,
-        };
-        let results = run(ops);
+        let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch);
+        // Declared after `batch`, so dropped before it even in a panic: the next leader is
+        // appointed before this batch's callers get their results.
+        let handoff = Handoff { committer: self };
+        match run(&mut batch) {
+            Ok(()) => batch.committed(),
+            Err(err) => batch.failed(&err),
+        }
         // The next batch starts before this one's callers are woken: waking dozens of threads
         // takes the old leader a while, and the disk would sit idle meanwhile.
-        let slots = std::mem::take(&mut handoff.slots);
         drop(handoff);
-        for (slot, result) in slots.into_iter().zip(results) {
-            slot.set(Turn::Done(result));
+        drop(batch);
+    }
+}
+
+/// Takes the next batch from the front of `jobs`: up to `max` write calls in arrival order,
+/// but a sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
+/// transaction, never for a sweep sharing its own batch.
+fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
+    if matches!(jobs.front(), Some(Job::Sweep(_)))
+        && let Some(Job::Sweep(sweep)) = jobs.pop_front()
+    {
+        return Batch::Sweep(sweep);
+    }
+    let mut writes = Vec::new();
+    while writes.len() < max && matches!(jobs.front(), Some(Job::Write(_))) {
+        if let Some(Job::Write(write)) = jobs.pop_front() {
+            writes.push(write);
         }
     }
+    Batch::Writes(writes)
 }
 
-/// How many queued operations the next batch takes: up to `max`, in arrival order, but a
-/// sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
-/// transaction, never for a sweep sharing its own batch.
-fn batch_len(jobs: &VecDeque<(Op, Arc<Slot>)>, max: usize) -> usize {
-    match jobs.front() {
-        Some((op, _)) if op.runs_alone() => 1,
-        _ => jobs
-            .iter()
-            .take(max)
-            .take_while(|(op, _)| !op.runs_alone())
-            .count(),
-    }
-}
-
-/// Ends a leadership: every caller of the batch gets a result, even if the batch panicked, and
-/// the caller at the head of the queue is appointed to lead the next batch.
+/// Ends a leadership: the caller at the head of the queue is appointed to lead the next batch
+/// (also when this batch panicked).
 struct Handoff<'a> {
     committer: &'a Committer,
-    slots: Vec<Arc<Slot>>,
 }
 
 impl Drop for Handoff<'_> {
     fn drop(&mut self) {
-        for slot in self.slots.drain(..) {
-            slot.set(Turn::Done(Err(Error::storage(
-                "committing a batch",
-                std::io::Error::other("the batch was abandoned by a panic"),
-            ))));
-        }
         let mut queue = self.committer.queue.lock();
         match queue.jobs.front() {
-            Some((_, next)) => next.set(Turn::Lead),
+            Some(next) => next.lead(),
             None => queue.leader = false,
         }
     }
@@ -162,28 +330,37 @@ mod tests {
     use super::*;
     use crate::api::fingerprint::Fingerprint;
     use crate::api::key::Key;
+    use crate::engine::ops::ClaimKey;
 
-    fn queue(ops: &str) -> VecDeque<(Op, Arc<Slot>)> {
-        ops.chars()
-            .map(|c| {
-                let op = match c {
-                    's' => Op::Sweep { limit: 1 },
-                    _ => Op::Claim {
+    fn queue(calls: &str) -> VecDeque<Job> {
+        calls
+            .chars()
+            .map(|c| match c {
+                's' => Job::sweep(1, Arc::default()),
+                _ => Job::write(
+                    ClaimKey {
                         key: Key::new("k").expect("key"),
                         fingerprint: Fingerprint::of(["r"]),
                     },
-                };
-                (op, Arc::new(Slot::default()))
+                    Arc::default(),
+                ),
             })
             .collect()
     }
 
+    fn batch_len(calls: &str, max: usize) -> usize {
+        match take_batch(&mut queue(calls), max) {
+            Batch::Writes(writes) => writes.len(),
+            Batch::Sweep(_) => 1,
+        }
+    }
+
     #[test]
     fn a_sweep_never_shares_a_batch() {
-        assert_eq!(batch_len(&queue("ccscc"), 128), 2);
-        assert_eq!(batch_len(&queue("scc"), 128), 1);
-        assert_eq!(batch_len(&queue("ss"), 128), 1);
-        assert_eq!(batch_len(&queue("cccc"), 3), 3);
-        assert_eq!(batch_len(&queue(""), 3), 0);
+        assert_eq!(batch_len("ccscc", 128), 2);
+        assert_eq!(batch_len("scc", 128), 1);
+        assert_eq!(batch_len("ss", 128), 1);
+        assert_eq!(batch_len("cccc", 3), 3);
+        assert_eq!(batch_len("", 3), 0);
     }
 }

@@ -10,7 +10,7 @@
 //! commits come from this one thread's allocator arena, not from whichever caller leads.
 //!
 //! When the log's half fills up, the frozen generation is everything logged so far, and the
-//! thread commits it durably as a checkpoint (`Job::Checkpoint`) while the writers go on in
+//! thread commits it durably as a checkpoint (`Task::Merge`) while the writers go on in
 //! the log's other half.
 
 use std::sync::Arc;
@@ -19,9 +19,10 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
-use crate::engine::ops::Counters;
+use crate::engine::contain::contain;
+use crate::engine::meta::Counters;
 use crate::engine::overlay::{self, Shared};
-use crate::error::{Error, Result, contain};
+use crate::error::{Error, Result};
 
 pub(crate) struct Flusher {
     shared: Arc<Channel>,
@@ -30,30 +31,30 @@ pub(crate) struct Flusher {
 
 #[derive(Default)]
 struct Channel {
-    state: Mutex<State>,
+    state: Mutex<Phase>,
     changed: Condvar,
 }
 
 #[derive(Default)]
-enum State {
+enum Phase {
     #[default]
     Idle,
     /// The frozen generation waits to be written.
-    Requested(Job),
+    Requested(Task),
     Writing,
     /// Written (or failed); not yet collected.
-    Done(Job, Result<()>),
+    Done(Task, Result<()>),
     Stop,
 }
 
 /// What the thread does with a frozen generation.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Job {
+pub(crate) enum Task {
     /// A commit without a sync: the log holds the changes.
     Flush,
     /// A durable commit that also records the counters and that the log is applied up to
     /// `seq` (the generation holds every change logged until then).
-    Checkpoint {
+    Merge {
         seq: u64,
         counters: Counters,
         quick_repair: bool,
@@ -77,24 +78,24 @@ impl Flusher {
     /// Whether the thread may be given a generation: it is not writing one, and its last
     /// report has been collected.
     pub(crate) fn idle(&self) -> bool {
-        matches!(*self.shared.state.lock(), State::Idle)
+        matches!(*self.shared.state.lock(), Phase::Idle)
     }
 
     /// Hands the frozen generation to the thread; it must be idle.
-    pub(crate) fn request(&self, job: Job) {
-        *self.shared.state.lock() = State::Requested(job);
+    pub(crate) fn request(&self, job: Task) {
+        *self.shared.state.lock() = Phase::Requested(job);
         self.shared.changed.notify_all();
     }
 
     /// The outcome of the thread's last job, if it has finished one not yet collected; with
     /// `wait`, first waits for a job in progress to finish.
-    pub(crate) fn collect(&self, wait: bool) -> Option<(Job, Result<()>)> {
+    pub(crate) fn collect(&self, wait: bool) -> Option<(Task, Result<()>)> {
         let mut state = self.shared.state.lock();
-        while wait && matches!(*state, State::Requested(_) | State::Writing) {
+        while wait && matches!(*state, Phase::Requested(_) | Phase::Writing) {
             self.shared.changed.wait(&mut state);
         }
         match std::mem::take(&mut *state) {
-            State::Done(job, result) => Some((job, result)),
+            Phase::Done(job, result) => Some((job, result)),
             other => {
                 *state = other;
                 None
@@ -106,10 +107,10 @@ impl Flusher {
     pub(crate) fn stop(&mut self) {
         {
             let mut state = self.shared.state.lock();
-            while matches!(*state, State::Requested(_) | State::Writing) {
+            while matches!(*state, Phase::Requested(_) | Phase::Writing) {
                 self.shared.changed.wait(&mut state);
             }
-            *state = State::Stop;
+            *state = Phase::Stop;
         }
         self.shared.changed.notify_all();
         if let Some(thread) = self.thread.take() {
@@ -131,35 +132,35 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared) {
             let mut state = channel.state.lock();
             let job = loop {
                 match *state {
-                    State::Requested(job) => break job,
-                    State::Stop => return,
+                    Phase::Requested(job) => break job,
+                    Phase::Stop => return,
                     _ => channel.changed.wait(&mut state),
                 }
             };
-            *state = State::Writing;
+            *state = Phase::Writing;
             job
         };
         let result = contain("writing the overlay into the tables", || {
             write(db, overlay, job)
         });
-        *channel.state.lock() = State::Done(job, result);
+        *channel.state.lock() = Phase::Done(job, result);
         channel.changed.notify_all();
     }
 }
 
 /// The frozen generation into redb, in one commit.
-fn write(db: &Database, overlay: &Shared, job: Job) -> Result<()> {
+fn write(db: &Database, overlay: &Shared, job: Task) -> Result<()> {
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |records, index| overlay::write(&txn, records, index))?;
     match job {
-        Job::Flush => txn
+        Task::Flush => txn
             .set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("committing a batch", err))?,
-        Job::Checkpoint {
+        Task::Merge {
             seq,
             counters,
             quick_repair,
-        } => counters.checkpoint(&mut txn, seq, quick_repair)?,
+        } => counters.merge(&mut txn, seq, quick_repair)?,
     }
     txn.commit()?;
     Ok(())

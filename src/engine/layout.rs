@@ -39,7 +39,7 @@ const MAX_LOG_LEN: u64 = 1 << 40;
 const REDB_MAGIC: &[u8; 9] = b"redb\x1A\x0A\xA9\x0D\x0A";
 
 /// A storage backend shared by the log (which writes the front of it) and redb (the tail).
-pub(crate) type Shared = Arc<dyn StorageBackend>;
+pub(crate) type Storage = Arc<dyn StorageBackend>;
 
 /// Where the log lives in a store's storage.
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +59,7 @@ impl Region {
 
 /// Reads the header of `storage`, or lays out a new store with a log of `log_len` bytes if
 /// the storage is empty.
-pub(crate) fn open(storage: &Shared, log_len: u64) -> Result<Region> {
+pub(crate) fn open(storage: &Storage, log_len: u64) -> Result<Region> {
     let len = storage.len().map_err(io("reading the file length"))?;
     if len == 0 {
         return create(storage, Region { log_len });
@@ -102,7 +102,7 @@ pub(crate) fn open(storage: &Shared, log_len: u64) -> Result<Region> {
     Ok(region)
 }
 
-fn create(storage: &Shared, region: Region) -> Result<Region> {
+fn create(storage: &Storage, region: Region) -> Result<Region> {
     let mut header = vec![0u8; HEADER_LEN as usize];
     header[..18].copy_from_slice(MAGIC);
     header[18..22].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
@@ -129,7 +129,7 @@ fn create(storage: &Shared, region: Region) -> Result<Region> {
     Ok(region)
 }
 
-fn not_ours(storage: &Shared, len: u64) -> Error {
+fn not_ours(storage: &Storage, len: u64) -> Error {
     let mut start = [0u8; 9];
     let redb = len >= 9 && storage.read(0, &mut start).is_ok() && &start == REDB_MAGIC;
     Error::NotAStore {
@@ -159,7 +159,7 @@ fn io(context: &'static str) -> impl Fn(BackendIoError) -> Error {
 /// redb's view of the storage: everything from `start` on, at offset 0.
 #[derive(Debug)]
 pub(crate) struct Tail {
-    pub inner: Shared,
+    pub inner: Storage,
     pub start: u64,
 }
 

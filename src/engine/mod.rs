@@ -1,12 +1,19 @@
 //! The storage engine under the redb [`Store`](crate::Store): file layout, write-ahead log,
-//! overlay, flush thread, group commit, tables, record codec and the write operations.
-//! Crate-private; depends on `api` and `error`, never on `store`.
+//! overlay, flush thread, group commit, tables, record codec, metadata and the write
+//! operations, behind [`Engine`](handle::Engine). Crate-private; depends on `api` and `error`,
+//! never on `store`.
 
+pub(crate) mod batch;
 pub(crate) mod codec;
 pub(crate) mod commit;
+pub(crate) mod contain;
 pub(crate) mod flush;
+pub(crate) mod handle;
 pub(crate) mod layout;
+pub(crate) mod meta;
+pub(crate) mod open;
 pub(crate) mod ops;
 pub(crate) mod overlay;
+pub(crate) mod scan;
 pub(crate) mod tables;
 pub(crate) mod wal;

@@ -21,16 +21,23 @@
 use redb::WriteTransaction;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::layout::{Region, Shared};
-use crate::engine::ops::{META, META_BYTES, META_CLOCK, META_NEXT_TOKEN, META_RECORDS};
+use crate::engine::layout::{Region, Storage};
+use crate::engine::meta::{Counter, META};
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::error::{Error, Result};
-use crate::store::builder::Opened;
 
 const ENTRY_HEADER: u64 = 20;
 /// The largest entry buffer kept between batches; a batch of large responses gets a buffer of
 /// its own that is then dropped.
 const KEEP_BUFFER: usize = 1 << 20;
+
+/// The storage a store was opened on, as its write-ahead log uses it.
+pub(crate) struct LogFile {
+    pub storage: Storage,
+    pub region: Region,
+    /// See [`open_log_writer`]; `None` for a custom backend.
+    pub log_writer: Option<std::fs::File>,
+}
 
 /// One change a batch made to the tables, with the bytes it wrote: redo decides nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,31 +68,11 @@ pub(crate) enum Change {
     },
 }
 
-/// The metadata values a batch sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Counter {
-    NextToken,
-    Clock,
-    Records,
-    Bytes,
-}
-
-impl Counter {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Counter::NextToken => META_NEXT_TOKEN,
-            Counter::Clock => META_CLOCK,
-            Counter::Records => META_RECORDS,
-            Counter::Bytes => META_BYTES,
-        }
-    }
-}
-
 /// The log's write position. Used only while holding redb's write transaction, which
 /// serialises the writers.
 #[derive(Debug)]
 pub(crate) struct Log {
-    storage: Shared,
+    storage: Storage,
     /// Writes entries durably by themselves; without it, a write and an `fdatasync`.
     writer: Option<std::fs::File>,
     region: Region,
@@ -195,7 +182,7 @@ impl Log {
     }
 
     /// A durable commit recording `last_seq()` has returned: the log starts again.
-    pub(crate) fn checkpointed(&mut self) {
+    pub(crate) fn merged(&mut self) {
         self.half = Half::First;
         self.pos = 0;
         self.other_free = true;
@@ -333,7 +320,7 @@ fn write_durably(_file: &std::fs::File, _data: &[u8], _offset: u64) -> std::io::
 /// entries after a checkpoint start a half, and the log switches halves only between entries.
 /// Every sequence number is used once, so the entry numbered `applied + 1` is at the start of
 /// at most one half, and an older entry left over in a half ends the run.
-pub(crate) fn recover(opened: Opened, applied: u64) -> Result<(Log, Vec<Vec<Change>>)> {
+pub(crate) fn recover(opened: LogFile, applied: u64) -> Result<(Log, Vec<Vec<Change>>)> {
     let mut log = Log {
         storage: opened.storage,
         writer: opened.log_writer,
@@ -439,7 +426,7 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
 #[doc(hidden)]
 pub fn fuzz_log_replay(data: &[u8]) {
     use crate::engine::layout::{HEADER_LEN, MIN_LOG_LEN, Tail};
-    let storage: Shared = std::sync::Arc::new(redb::backends::InMemoryBackend::new());
+    let storage: Storage = std::sync::Arc::new(redb::backends::InMemoryBackend::new());
     let backend = || Tail {
         inner: std::sync::Arc::clone(&storage),
         start: 0,
@@ -461,7 +448,7 @@ pub fn fuzz_log_replay(data: &[u8]) {
         }
         (at, seq, rest) = (at + entry.len() as u64, seq + 1, after);
     }
-    let contained = crate::error::contained_panics();
+    let contained = crate::engine::contain::contained_panics();
     if let Ok(store) = builder.open_with_backend(backend()) {
         let _ = store.verify();
         let _ = store.stats();
@@ -472,7 +459,7 @@ pub fn fuzz_log_replay(data: &[u8]) {
     }
     // redb's pages are intact here (only the log is arbitrary), so any panic was ours.
     assert_eq!(
-        crate::error::contained_panics(),
+        crate::engine::contain::contained_panics(),
         contained,
         "a panic was contained"
     );
@@ -484,14 +471,14 @@ mod tests {
     use crate::engine::layout;
     use std::sync::Arc;
 
-    fn storage() -> (Shared, Region) {
-        let storage: Shared = Arc::new(redb::backends::InMemoryBackend::new());
+    fn storage() -> (Storage, Region) {
+        let storage: Storage = Arc::new(redb::backends::InMemoryBackend::new());
         let region = layout::open(&storage, layout::DEFAULT_LOG_LEN).expect("layout");
         (storage, region)
     }
 
-    fn opened(storage: Shared, region: Region) -> Opened {
-        Opened {
+    fn opened(storage: Storage, region: Region) -> LogFile {
+        LogFile {
             storage,
             region,
             log_writer: None,
@@ -536,7 +523,7 @@ mod tests {
         for i in 1..=3 {
             assert!(log.append(&put(i), false).expect("append"));
         }
-        log.checkpointed();
+        log.merged();
         assert!(log.append(&put(4), false).expect("append"));
         // The checkpoint covered 1..=3: entry 4 overwrote entry 1, and what is left of 2 and 3
         // carries older numbers.
@@ -633,7 +620,7 @@ mod tests {
         );
         let (_, found) = recover(opened(storage, region), 0).expect("recover");
         assert_eq!(numbers(&found), (1..=seq).collect::<Vec<_>>());
-        log.checkpointed();
+        log.merged();
         assert_eq!((log.half, log.pos), (Half::First, 0));
     }
 
@@ -662,7 +649,7 @@ mod tests {
             !log.append(&put(2), false).expect("append"),
             "must checkpoint first"
         );
-        log.checkpointed();
+        log.merged();
         assert!(log.append(&put(2), false).expect("append"));
         assert_eq!(log.last_seq(), 2);
     }

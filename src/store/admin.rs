@@ -3,17 +3,16 @@
 
 use std::marker::PhantomData;
 
-use redb::ReadableDatabase;
-
 use crate::api::key::Key;
 use crate::api::outcome::ForceRelease;
 use crate::api::outcome::RecordView;
 use crate::api::record::Record;
 use crate::api::report::StoredRecord;
-use crate::engine::ops::{Done, Op};
+use crate::engine::contain::contain;
+use crate::engine::ops::ForceReleaseKey;
 use crate::engine::tables::{self, RECORDS};
-use crate::error::{Error, Result, contain};
-use crate::store::{Store, misrouted};
+use crate::error::{Error, Result};
+use crate::store::Store;
 
 /// An iterator over every record of a store, in storage order, from one read snapshot. Created
 /// by [`Store::records`].
@@ -80,8 +79,7 @@ impl Store {
     /// met during the walk are items of the iterator (see [`Records`]).
     pub fn records(&self) -> Result<Records<'_>> {
         let range = contain("listing records", || {
-            self.flush_overlay(&mut self.writer.lock())?;
-            let txn = self.db()?.begin_read()?;
+            let (txn, _) = self.engine.snapshot()?;
             let table = txn.open_table(RECORDS)?;
             Ok(table.range::<&[u8]>(..)?)
         })?;
@@ -134,10 +132,9 @@ impl Store {
     /// [`Error::Storage`] if the transaction fails (the outcome of a failed commit is unknown:
     /// inspect the key).
     pub fn force_release(&self, key: &Key) -> Result<ForceRelease> {
-        match self.write(Op::ForceRelease { key: key.clone() })? {
-            Done::ForceReleased(outcome) => Ok(outcome),
-            _ => Err(misrouted()),
-        }
+        let outcome = self.engine.write(ForceReleaseKey { key: key.clone() })?;
+        self.waiters.wake(key);
+        Ok(outcome)
     }
 }
 

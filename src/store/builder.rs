@@ -1,14 +1,15 @@
 //! Store settings and the builder that opens a store with them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::clock::{Clock, SystemClock};
+use crate::api::clock::{Clock, SystemClock, millis};
 use crate::api::settings::{Settings, invalid_config};
-use crate::engine::layout::{self, Region, Shared, Tail};
-use crate::engine::wal;
-use crate::error::{Error, Result, contain};
+use crate::engine::batch::Quota;
+use crate::engine::handle::Config;
+use crate::engine::{layout, open};
+use crate::error::Result;
 use crate::store::Store;
 
 /// How a write call's commit reaches the disk before the call returns.
@@ -220,11 +221,8 @@ impl StoreBuilder {
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
         let path = path.as_ref();
-        contain("opening the store", || {
-            let storage = open_file(path)?;
-            let log_writer = wal::open_log_writer(path)?;
-            self.open_storage(storage, log_writer, Some(path.to_path_buf()))
-        })
+        let engine = open::open_file(path, self.engine_config())?;
+        Ok(Store::new(engine, self.clone(), Some(path.to_path_buf())))
     }
 
     /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
@@ -242,39 +240,27 @@ impl StoreBuilder {
     /// As for [`StoreBuilder::open`].
     pub fn open_with_backend(&self, backend: impl redb::StorageBackend) -> Result<Store> {
         self.validate()?;
-        contain("opening the store", || {
-            self.open_storage(Arc::new(backend), None, None)
-        })
+        let engine = open::open_backend(Arc::new(backend), self.engine_config())?;
+        Ok(Store::new(engine, self.clone(), None))
     }
 
-    /// Reads or writes the store's header, then opens redb on the part after the log.
-    fn open_storage(
-        &self,
-        storage: Shared,
-        log_writer: Option<std::fs::File>,
-        path: Option<PathBuf>,
-    ) -> Result<Store> {
-        let region = layout::open(&storage, self.log_size)?;
-        let tail = Tail {
-            inner: Arc::clone(&storage),
-            start: region.redb_start(),
-        };
-        let db = self
-            .redb()
-            .create_with_backend(tail)
-            .map_err(redb_open_error)?;
-        let opened = Opened {
-            storage,
-            region,
-            log_writer,
-        };
-        Store::init(db, opened, self.clone(), path)
-    }
-
-    fn redb(&self) -> redb::Builder {
-        let mut builder = redb::Builder::new();
-        builder.set_cache_size(self.cache_size);
-        builder
+    /// What the engine needs of these settings.
+    fn engine_config(&self) -> Config {
+        let quota = (self.max_records.is_some() || self.max_bytes.is_some()).then_some(Quota {
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            evict_completed: self.when_full == WhenFull::EvictOldestCompleted,
+        });
+        Config {
+            lease_ms: millis(self.settings.lease),
+            retention_ms: millis(self.settings.retention),
+            max_batch: self.max_batch,
+            quick_repair: self.durability == Durability::QuickRepair,
+            quota,
+            cache_size: self.cache_size,
+            log_size: self.log_size,
+            clock: Arc::clone(&self.clock),
+        }
     }
 
     fn validate(&self) -> Result<()> {
@@ -286,53 +272,5 @@ impl StoreBuilder {
             return invalid_config("log_size must be a multiple of 4096 bytes and at least 16 KiB");
         }
         Ok(())
-    }
-}
-
-/// The storage a store was opened on, for its write-ahead log.
-pub(crate) struct Opened {
-    pub storage: Shared,
-    pub region: Region,
-    /// See [`wal::open_log_writer`]; `None` for a custom backend.
-    pub log_writer: Option<std::fs::File>,
-}
-
-fn open_file(path: &Path) -> Result<Shared> {
-    // A new file is laid out by `layout::open`; an existing one cut to nothing must not silently
-    // come back empty (every retry would run again).
-    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
-        return Err(Error::NotAStore {
-            reason: format!(
-                "{} is empty (0 bytes); if it is a new file, delete it and the store will \
-                 create it",
-                path.display()
-            ),
-        });
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|err| Error::storage("opening the store file", err))?;
-    Ok(Arc::new(redb::backends::FileBackend::new(file)?))
-}
-
-fn redb_open_error(err: redb::DatabaseError) -> Error {
-    match err {
-        redb::DatabaseError::Storage(redb::StorageError::Io(io))
-            if io.kind() == std::io::ErrorKind::InvalidData =>
-        {
-            Error::NotAStore {
-                reason: io.to_string(),
-            }
-        }
-        redb::DatabaseError::Storage(redb::StorageError::Io(io))
-            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
-        {
-            Error::corrupted(format!("the file is truncated ({io})"))
-        }
-        other => other.into(),
     }
 }

@@ -1,13 +1,14 @@
 //! Whole-store checks and counts: `verify` and `stats`.
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use crate::api::key::Key;
 use crate::api::outcome::RecordState;
 use crate::api::record::{Record, State};
 use crate::api::report::{Stats, VerifyReport};
+use crate::engine::contain::contain;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
-use crate::error::{Error, Result, contain};
+use crate::error::{Error, Result};
 use crate::store::Store;
 
 impl Store {
@@ -25,11 +26,7 @@ impl Store {
     fn walk(&self) -> Result<VerifyReport> {
         // The counters live in memory between checkpoints and the latest changes in the
         // overlay; under the writer lock, the flushed tables and the counters agree exactly.
-        let (txn, counters) = {
-            let mut writer = self.writer.lock();
-            self.flush_overlay(&mut writer)?;
-            (self.db()?.begin_read()?, writer.counters)
-        };
+        let (txn, counters) = self.engine.snapshot()?;
         let records = txn.open_table(RECORDS)?;
         let expiry = txn.open_table(EXPIRY)?;
         let next_token = counters.next_token;
@@ -117,8 +114,7 @@ impl Store {
 
     fn count(&self) -> Result<Stats> {
         let now = self.now();
-        self.flush_overlay(&mut self.writer.lock())?;
-        let txn = self.db()?.begin_read()?;
+        let (txn, _) = self.engine.snapshot()?;
         let records = txn.open_table(RECORDS)?;
         let mut stats = Stats {
             file_bytes: self

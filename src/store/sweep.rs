@@ -6,18 +6,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::ops::{Done, Op};
+use crate::api::backend::SWEEP_BATCH;
 use crate::error::{Error, Result};
-use crate::store::{Store, misrouted};
-
-/// How many expired records one `sweep_all` transaction deletes. Expired keys are scattered
-/// through the records table, so each deletion dirties a page of its own. A claim queued behind
-/// a sweep waits for at most one such transaction (sweeps never share a batch), so this bounds
-/// the sweep's effect on claim latency. Measured with 10^6 expired records (BENCHMARKS.md):
-/// claim p99 during the sweep was 3.35x its value without at 128 (median of 3; the write-ahead
-/// log made claims without a sweep faster, and so the ratio worse), 1.83x at 64 and 1.96x at
-/// 32 (one run each).
-const SWEEP_BATCH: usize = 64;
+use crate::store::Store;
 
 impl Store {
     /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
@@ -36,13 +27,11 @@ impl Store {
         if limit == 0 {
             return Ok((0, false));
         }
-        match self.write(Op::Sweep { limit })? {
-            Done::Swept { deleted, more } => Ok((deleted, more)),
-            _ => Err(misrouted()),
-        }
+        let swept = self.engine.sweep(limit)?;
+        Ok((swept.deleted, swept.more))
     }
 
-    /// Deletes every expired record, in transactions of 64 so that other writers get the
+    /// Deletes every expired record, in transactions of [`SWEEP_BATCH`](crate::SWEEP_BATCH) so that other writers get the
     /// writer between them. Returns the total deleted.
     ///
     /// # Errors

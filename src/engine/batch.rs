@@ -1,0 +1,287 @@
+//! The tables as one write batch sees them, in two kinds that are different types:
+//!
+//! - [`Direct`]: redb's tables in a write transaction, begun after the overlay was flushed into
+//!   them. Scans of the expiry index (sweeps, making room under a quota) exist only here.
+//! - [`Layered`]: redb's records as of the last commit, the overlay over them, and the batch's
+//!   own changes over both (see `overlay`). Nothing can scan here, so a batch that may scan
+//!   cannot be written against it.
+//!
+//! Every mutation goes through [`Tables`], which keeps the usage counters and the changes for
+//! the write-ahead log, so that none escapes the log.
+
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransaction};
+
+use crate::api::clock::Timestamp;
+use crate::api::key::Key;
+use crate::api::record::{Record, State};
+use crate::engine::contain::from_storage;
+use crate::engine::meta::Usage;
+use crate::engine::overlay::{Overlay, Shared};
+use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
+use crate::engine::wal::Change;
+use crate::error::Error;
+
+pub(crate) type RecordsTable<'a> = Table<'a, &'static [u8], &'static [u8]>;
+
+/// Why an operation failed: on its own (the batch goes on), or for the whole batch. Each site
+/// says which: a storage error may leave the shared transaction half-written, so it fails the
+/// batch (the `From` below); an operation's own failure must be marked `Fail::Op`.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Op(Error),
+    Batch(Error),
+}
+
+impl From<redb::StorageError> for Fail {
+    fn from(err: redb::StorageError) -> Self {
+        Fail::Batch(from_storage("writing a batch", err))
+    }
+}
+
+/// The time and settings one batch works with, and the token counter it advances.
+pub(crate) struct Ctx {
+    pub now: Timestamp,
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    pub next_token: u64,
+}
+
+/// Storage limits for new claims (see `StoreBuilder::max_records`). A store with a quota
+/// writes every batch directly: making room scans the expiry index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Quota {
+    pub max_records: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub evict_completed: bool,
+}
+
+impl Quota {
+    /// The limit that one more record would break, if any.
+    pub(crate) fn exceeded(&self, usage: Usage) -> Option<Error> {
+        let over = |used: u64, max: Option<u64>, limit| {
+            max.filter(|&max| used >= max)
+                .map(|max| Error::QuotaExceeded { limit, used, max })
+        };
+        over(usage.records, self.max_records, "max_records")
+            .or_else(|| over(usage.bytes, self.max_bytes, "max_bytes"))
+    }
+}
+
+/// redb's tables in a write transaction, and the store's quota if it has one.
+pub(crate) struct Direct<'a> {
+    pub records: RecordsTable<'a>,
+    pub expiry: ExpiryTable<'a>,
+    pub quota: Option<Quota>,
+}
+
+/// redb's records as of a snapshot, the shared overlay, and this batch's own changes.
+pub(crate) struct Layered<'a> {
+    base: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    overlay: &'a Shared,
+    batch: Overlay,
+}
+
+/// Reading and writing one key's record and index entry, whichever the kind of batch.
+pub(crate) trait Access {
+    /// The key's record bytes.
+    fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail>;
+    /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
+    fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail>;
+    /// Files (`present`) or unfiles the key under `expires_at` in the expiry index.
+    fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail>;
+    /// Makes room for one more record under the batch's quota, or fails closed; see
+    /// `ops::make_room`. A layered batch has no quota.
+    fn make_room(tables: &mut Tables<Self>, now: Timestamp) -> Result<(), Fail>
+    where
+        Self: Sized;
+}
+
+/// The tables of a batch, their usage counters, and the changes made so far.
+pub(crate) struct Tables<A> {
+    pub(crate) access: A,
+    pub usage: Usage,
+    pub changes: Vec<Change>,
+}
+
+impl<A> Tables<A> {
+    fn new(access: A) -> Self {
+        Tables {
+            access,
+            usage: Usage::default(),
+            changes: Vec::new(),
+        }
+    }
+}
+
+impl<'a> Tables<Direct<'a>> {
+    /// The tables of the write transaction `txn`, under `quota`.
+    pub(crate) fn direct(txn: &'a WriteTransaction, quota: Option<Quota>) -> Result<Self, Error> {
+        Ok(Self::new(Direct {
+            records: txn.open_table(RECORDS)?,
+            expiry: txn.open_table(EXPIRY)?,
+            quota,
+        }))
+    }
+
+    /// Drops a stale index entry. Only scans find those.
+    pub(crate) fn drop_entry(&mut self, expires_at: u64, hash: u64) -> Result<(), Fail> {
+        self.access.expiry.remove((expires_at, hash))?;
+        self.changes.push(Change::DropEntry { expires_at, hash });
+        Ok(())
+    }
+}
+
+impl<'a> Tables<Layered<'a>> {
+    /// The records of the read transaction `snapshot` under `overlay`.
+    pub(crate) fn layered(snapshot: &ReadTransaction, overlay: &'a Shared) -> Result<Self, Error> {
+        Ok(Self::new(Layered {
+            base: snapshot.open_table(RECORDS)?,
+            overlay,
+            batch: Overlay::default(),
+        }))
+    }
+
+    /// The batch's changes, for the overlay once the batch is durable.
+    pub(crate) fn into_batch(self) -> Overlay {
+        self.access.batch
+    }
+}
+
+impl Access for Direct<'_> {
+    fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        let key = tables::record_key(key);
+        Ok(self
+            .records
+            .get(key.as_slice())?
+            .map(|v| v.value().to_vec()))
+    }
+
+    fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
+        let key = tables::record_key(key);
+        let old = match record {
+            Some(bytes) => self.records.insert(key.as_slice(), bytes)?,
+            None => self.records.remove(key.as_slice())?,
+        };
+        Ok(old.map(|v| v.value().len()))
+    }
+
+    fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail> {
+        if present {
+            tables::index(&mut self.expiry, expires_at, key)?;
+        } else {
+            tables::unindex(&mut self.expiry, &self.records, expires_at, key)?;
+        }
+        Ok(())
+    }
+
+    fn make_room(tables: &mut Tables<Self>, now: Timestamp) -> Result<(), Fail> {
+        match tables.access.quota {
+            Some(quota) => tables.make_room(quota, now),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Access for Layered<'_> {
+    fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        let known = match self.batch.record(key) {
+            Some(known) => Some(known.map(<[u8]>::to_vec)),
+            None => self
+                .overlay
+                .with_record(key, |known| known.map(<[u8]>::to_vec)),
+        };
+        Ok(match known {
+            Some(known) => known,
+            None => {
+                let key = tables::record_key(key);
+                self.base.get(key.as_slice())?.map(|v| v.value().to_vec())
+            }
+        })
+    }
+
+    fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
+        let old = self.bytes(key)?.map(|b| b.len());
+        self.batch.set_record(key, record);
+        Ok(old)
+    }
+
+    fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail> {
+        self.batch.set_index(expires_at, key, present);
+        Ok(())
+    }
+
+    fn make_room(_: &mut Tables<Self>, _: Timestamp) -> Result<(), Fail> {
+        Ok(())
+    }
+}
+
+impl<A: Access> Tables<A> {
+    pub(crate) fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
+        match self.access.bytes(key.as_stored())? {
+            Some(bytes) => Record::decode(key.as_stored(), &bytes)
+                .map(Some)
+                .map_err(Fail::Op),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `record`, moving its expiry entry from `old_expires_at` if it had one and the
+    /// time changed.
+    pub(crate) fn put(
+        &mut self,
+        key: &Key,
+        old_expires_at: Option<u64>,
+        record: &Record,
+    ) -> Result<(), Fail> {
+        let bytes = record.encode(key.as_stored()).map_err(Fail::Op)?;
+        let k = key.as_stored();
+        let new = record.expires_at;
+        if old_expires_at != Some(new) {
+            if let Some(old) = old_expires_at {
+                self.unindex(old, k)?;
+            }
+            self.access.set_index(new, k, true)?;
+            self.changes.push(Change::Index {
+                expires_at: new,
+                key: k.to_vec(),
+            });
+        }
+        let old = self.access.set(k, Some(&bytes))?;
+        self.usage.replaced(k.len(), bytes.len(), old);
+        self.changes.push(Change::Put {
+            key: k.to_vec(),
+            record: bytes,
+        });
+        Ok(())
+    }
+
+    pub(crate) fn delete(&mut self, key: &[u8], expires_at: u64) -> Result<(), Fail> {
+        self.unindex(expires_at, key)?;
+        let old = self.access.set(key, None)?;
+        self.usage.removed(key.len(), old);
+        self.changes.push(Change::Delete { key: key.to_vec() });
+        Ok(())
+    }
+
+    fn unindex(&mut self, expires_at: u64, key: &[u8]) -> Result<(), Fail> {
+        self.access.set_index(expires_at, key, false)?;
+        self.changes.push(Change::Unindex {
+            expires_at,
+            key: key.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// The record if `token` still holds it; otherwise the lease is lost.
+    pub(crate) fn held(&self, key: &Key, token: u64, now: Timestamp) -> Result<Record, Fail> {
+        match self.get(key)? {
+            Some(record)
+                if !record.is_expired(now)
+                    && matches!(record.state, State::InProgress { token: t, .. } if t == token) =>
+            {
+                Ok(record)
+            }
+            _ => Err(Fail::Op(Error::LeaseLost)),
+        }
+    }
+}

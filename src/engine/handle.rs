@@ -1,0 +1,501 @@
+//! The engine behind a redb `Store`: one file's database, write-ahead log, overlay, flush
+//! thread and group commit, behind a small typed interface (open, read, write a call, sweep,
+//! complete with an effect, take a consistent snapshot).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use redb::{
+    Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, ReadableTable, TableHandle,
+    WriteTransaction,
+};
+
+use crate::api::clock::{Clock, Timestamp};
+use crate::api::key::Key;
+use crate::api::record::Record;
+use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
+use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
+use crate::engine::contain::contain;
+use crate::engine::flush::{Flusher, Task};
+use crate::engine::meta::{
+    Counters, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
+};
+use crate::engine::ops::{Complete, Write};
+use crate::engine::overlay::{self, Shared};
+use crate::engine::scan::Swept;
+use crate::engine::tables::{self, EXPIRY, RECORDS};
+use crate::engine::wal::{self, Change, Log, LogFile};
+use crate::error::{Error, Result};
+
+/// What the engine needs of the store's settings.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    /// The most write calls in one group commit.
+    pub max_batch: usize,
+    /// Whether merges are two-phase redb commits with quick repair.
+    pub quick_repair: bool,
+    /// `None`: no quota, so batches may run layered.
+    pub quota: Option<Quota>,
+    /// redb's page cache, in bytes.
+    pub cache_size: usize,
+    /// The log size of a new file, in bytes.
+    pub log_size: u64,
+    pub clock: Arc<dyn Clock>,
+}
+
+pub(crate) struct Engine {
+    /// Always `Some` until the engine is dropped; an `Option` so that `Drop` can contain a
+    /// panic of redb's own drop on a damaged file.
+    db: Option<Arc<Database>>,
+    config: Config,
+    committer: Committer,
+    /// The log and the counters; locked by the holder of redb's write transaction for as long
+    /// as it holds it.
+    writer: Mutex<Writer>,
+    /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
+    overlay: Arc<Shared>,
+    /// Writes full overlay generations into redb; see `flush`.
+    flusher: Flusher,
+    /// The highest time the engine has used; its clock never goes below it.
+    high_water: AtomicU64,
+}
+
+/// What the holder of redb's write transaction works with besides the tables.
+struct Writer {
+    log: Log,
+    /// The meta table's counters as of the last commit (see `Counters`).
+    counters: Counters,
+}
+
+/// How many records the overlay's active generation collects before it is handed to the
+/// flush thread (see `flush`). Each redb commit costs page copies, checksums and new roots, and
+/// a claim and its completion that meet in one generation reach redb once; larger generations
+/// cost resident memory (BENCHMARKS.md, "Overlay generation size").
+const OVERLAY_RECORDS: usize = 128;
+
+/// The active generation's size at which a batch writes the overlay itself, because the flush
+/// thread is still busy with the last one.
+const OVERLAY_LIMIT: usize = 4 * OVERLAY_RECORDS;
+
+impl Engine {
+    /// Sets up the tables of a new store in `db`, or checks an existing one's, and replays the
+    /// log entries written after the last merge; the commit that ends it is a merge.
+    pub(crate) fn init(db: Database, log_file: LogFile, config: Config) -> Result<Engine> {
+        let mut txn = db.begin_write()?;
+        txn.set_quick_repair(config.quick_repair);
+        let mut writer = {
+            let applied = check_tables(&txn)?;
+            let (log, entries) = wal::recover(log_file, applied)?;
+            wal::redo(&txn, entries)?;
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_LOG_SEQ, log.last_seq())?;
+            Writer {
+                log,
+                counters: Counters::load(&meta)?,
+            }
+        };
+        txn.commit()?;
+        writer.log.merged();
+        let high_water = writer.counters.clock;
+        let db = Arc::new(db);
+        let overlay = Arc::new(Shared::default());
+        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay))?;
+        Ok(Engine {
+            db: Some(db),
+            flusher,
+            committer: Committer::new(config.max_batch),
+            config,
+            writer: Mutex::new(writer),
+            overlay,
+            high_water: AtomicU64::new(high_water),
+        })
+    }
+
+    /// The clock's time, but never earlier than any time the engine has already used (also
+    /// across restarts).
+    pub(crate) fn now(&self) -> Timestamp {
+        let wall = self.config.clock.now().as_millis();
+        let before = self.high_water.fetch_max(wall, Ordering::SeqCst);
+        Timestamp::from_millis(before.max(wall))
+    }
+
+    fn db(&self) -> Result<&Database> {
+        self.db.as_deref().ok_or_else(|| {
+            Error::storage(
+                "using the store",
+                std::io::Error::other("the store is closed"),
+            )
+        })
+    }
+
+    /// A read transaction on the last durable commit; it never waits for writers.
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
+        Ok(self.db()?.begin_read()?)
+    }
+
+    /// A read transaction whose tables hold every acknowledged write, and the counters that
+    /// match them exactly: the overlay is flushed first, under the writer lock.
+    pub(crate) fn snapshot(&self) -> Result<(ReadTransaction, Counters)> {
+        let mut writer = self.writer.lock();
+        self.flush_overlay(&mut writer)?;
+        Ok((self.db()?.begin_read()?, writer.counters))
+    }
+
+    /// The key's record, expired or not.
+    pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
+        contain("reading a record", || {
+            let stored = key.as_stored();
+            let known = self.overlay.with_record(stored, |bytes| {
+                bytes.map(|b| Record::decode(stored, b)).transpose()
+            });
+            if let Some(record) = known {
+                return record;
+            }
+            let txn = self.db()?.begin_read()?;
+            let table = txn.open_table(RECORDS)?;
+            let bytes = table.get(tables::record_key(key.as_stored()).as_slice())?;
+            bytes
+                .map(|b| Record::decode(key.as_stored(), b.value()))
+                .transpose()
+        })
+    }
+
+    /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
+    pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
+        let slot = Arc::new(Slot::default());
+        let job = Job::write(write, Arc::clone(&slot));
+        self.committer
+            .submit(job, &slot, |batch| self.run_batch(batch))
+    }
+
+    /// Deletes up to `limit` expired records in a transaction of their own.
+    pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
+        let slot = Arc::new(Slot::default());
+        let job = Job::sweep(limit, Arc::clone(&slot));
+        self.committer
+            .submit(job, &slot, |batch| self.run_batch(batch))
+    }
+
+    /// Runs one batch; `Ok` once it is durable.
+    fn run_batch(&self, batch: &mut Batch) -> Result<()> {
+        contain("writing a batch", || {
+            let mut writer = self.writer.lock();
+            match (batch, self.config.quota) {
+                (Batch::Writes(writes), None) => self.write_layered(&mut writer, writes),
+                (Batch::Writes(writes), Some(quota)) => {
+                    self.write_direct(&mut writer, Some(quota), |tables, ctx| {
+                        writes
+                            .iter_mut()
+                            .try_for_each(|w| w.apply_direct(tables, ctx))
+                    })
+                }
+                (Batch::Sweep(sweep), quota) => self.write_direct(&mut writer, quota, |t, ctx| {
+                    SweepCall::apply(sweep, t, ctx.now)
+                }),
+            }
+        })
+    }
+
+    /// Runs `body` in a write transaction on redb's tables (after flushing the overlay into
+    /// them) and makes it durable.
+    fn write_direct(
+        &self,
+        writer: &mut Writer,
+        quota: Option<Quota>,
+        body: impl FnOnce(&mut Tables<Direct<'_>>, &mut Ctx) -> Result<()>,
+    ) -> Result<()> {
+        self.flush_overlay(writer)?;
+        let txn = self.db()?.begin_write()?;
+        let mut tables = Tables::direct(&txn, quota)?;
+        let counters = self.with_tables(&mut tables, writer.counters, body)?;
+        let changes = std::mem::take(&mut tables.changes);
+        drop(tables);
+        self.commit(txn, writer, &changes, counters)
+    }
+
+    /// Runs a batch on the overlay: once its log entry is synced its changes join the overlay,
+    /// with no redb commit. If the log's half is full, the log moves to the other half; if it
+    /// cannot, the batch merges instead.
+    fn write_layered(&self, writer: &mut Writer, writes: &mut [Box<dyn Pending>]) -> Result<()> {
+        self.collect_flush(writer, false);
+        let db = self.db()?;
+        let snapshot = db.begin_read()?;
+        let mut tables = Tables::layered(&snapshot, &self.overlay)?;
+        let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
+            writes
+                .iter_mut()
+                .try_for_each(|w| w.apply_layered(tables, ctx))
+        })?;
+        let changes = std::mem::take(&mut tables.changes);
+        let batch = tables.into_batch();
+        if changes.is_empty()
+            || writer.log.append(&changes, false)?
+            || (self.switch_log(writer) && writer.log.append(&changes, false)?)
+        {
+            self.overlay.absorb(&batch);
+            writer.counters = counters;
+            return self.hand_over(writer);
+        }
+        self.flush_overlay(writer)?;
+        let txn = db.begin_write()?;
+        let (records, index) = batch.changes();
+        overlay::write(
+            &txn,
+            &records.collect::<Vec<_>>(),
+            &index.collect::<Vec<_>>(),
+        )?;
+        self.commit_durably(txn, writer, counters)
+    }
+
+    /// Gives a full active overlay generation to the flush thread, if it is free. If it is
+    /// not, the generation grows; at `OVERLAY_LIMIT` records the batch writes it itself, so a
+    /// flush thread that falls behind bounds the overlay instead of the overlay growing.
+    fn hand_over(&self, writer: &mut Writer) -> Result<()> {
+        if self.overlay.len() < OVERLAY_RECORDS {
+            return Ok(());
+        }
+        self.collect_flush(writer, false);
+        if self.flusher.idle() && self.overlay.frozen_is_empty() {
+            self.overlay.freeze();
+            self.flusher.request(Task::Flush);
+        } else if self.overlay.len() >= OVERLAY_LIMIT {
+            self.flush_overlay(writer)?;
+        }
+        Ok(())
+    }
+
+    /// When the log's half is full: hands everything logged so far to the flush thread as a
+    /// merge, and moves the log to its other half (see `Log::switch`). False if it cannot:
+    /// the other half's merge or a write failed.
+    fn switch_log(&self, writer: &mut Writer) -> bool {
+        self.collect_flush(writer, true);
+        if !self.overlay.frozen_is_empty() {
+            return false;
+        }
+        let Some(seq) = writer.log.switch() else {
+            return false;
+        };
+        self.overlay.freeze();
+        self.flusher.request(Task::Merge {
+            seq,
+            counters: writer.counters,
+            quick_repair: self.config.quick_repair,
+        });
+        true
+    }
+
+    /// Takes the flush thread's report, waiting for it with `wait`: a written generation
+    /// leaves the overlay, and a merge frees the log's other half; a generation that failed
+    /// stays, and the next batch merges, which writes it (`flush_overlay`).
+    fn collect_flush(&self, writer: &mut Writer, wait: bool) {
+        match self.flusher.collect(wait) {
+            Some((task, Ok(()))) => {
+                self.overlay.clear(false);
+                if matches!(task, Task::Merge { .. }) {
+                    writer.log.freed();
+                }
+            }
+            Some((_, Err(_))) => writer.log.commit_failed(),
+            None => {}
+        }
+    }
+
+    /// Writes the whole overlay into redb in one commit without a sync (the log holds its
+    /// changes) and empties it: before any transaction that writes redb's tables directly,
+    /// before a walk of the tables, and when the flush thread falls behind.
+    fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
+        self.collect_flush(writer, true);
+        if self.overlay.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db()?.begin_write()?;
+        self.overlay
+            .with_changes(true, |records, index| overlay::write(&txn, records, index))?;
+        self.commit_unsynced(txn, writer)?;
+        self.overlay.clear(true);
+        Ok(())
+    }
+
+    /// Makes a batch durable: through the log and a commit without a sync, or, if the log
+    /// cannot take the batch (full, or a write failed), as a merge. The batch's `counters`
+    /// become the engine's once it is durable. The overlay must be empty.
+    fn commit(
+        &self,
+        txn: WriteTransaction,
+        writer: &mut Writer,
+        changes: &[Change],
+        counters: Counters,
+    ) -> Result<()> {
+        if !changes.is_empty() && !writer.log.append(changes, true)? {
+            return self.commit_durably(txn, writer, counters);
+        }
+        self.commit_unsynced(txn, writer)?;
+        writer.counters = counters;
+        Ok(())
+    }
+
+    /// Commits `txn` without a sync: the log holds its changes already.
+    fn commit_unsynced(&self, mut txn: WriteTransaction, writer: &mut Writer) -> Result<()> {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|err| Error::storage("committing a batch", err))?;
+        txn.commit().map_err(|err| {
+            writer.log.commit_failed();
+            Error::from(err)
+        })
+    }
+
+    /// Commits `txn` durably as a merge: with `counters` in the meta table, recording that it
+    /// covers every log entry so far, and starts the log again. The overlay must be empty.
+    fn commit_durably(
+        &self,
+        mut txn: WriteTransaction,
+        writer: &mut Writer,
+        counters: Counters,
+    ) -> Result<()> {
+        counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
+        match txn.commit() {
+            Ok(()) => {
+                writer.log.merged();
+                writer.counters = counters;
+                Ok(())
+            }
+            Err(err) => {
+                writer.log.commit_failed();
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Runs `body` on `tables` from `counters`, and returns the counters after it; the changed
+    /// counters join the tables' changes, last.
+    fn with_tables<A: Access>(
+        &self,
+        tables: &mut Tables<A>,
+        counters: Counters,
+        body: impl FnOnce(&mut Tables<A>, &mut Ctx) -> Result<()>,
+    ) -> Result<Counters> {
+        tables.usage = counters.usage;
+        let mut ctx = Ctx {
+            now: self.now(),
+            lease_ms: self.config.lease_ms,
+            retention_ms: self.config.retention_ms,
+            next_token: counters.next_token,
+        };
+        body(tables, &mut ctx)?;
+        let after = Counters {
+            next_token: ctx.next_token,
+            clock: counters.clock.max(ctx.now.as_millis()),
+            usage: tables.usage,
+        };
+        tables.changes.extend(
+            after
+                .changed_since(&counters)
+                .map(|(counter, value)| Change::Counter { counter, value }),
+        );
+        Ok(after)
+    }
+
+    /// Runs `complete` and `effect` in one write transaction of their own, committed durably:
+    /// `effect` runs only if the lease still holds, and if it fails nothing is written and its
+    /// error comes back inside `Ok`.
+    pub(crate) fn complete_with<E>(
+        &self,
+        complete: Complete,
+        effect: impl FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
+    ) -> Result<std::result::Result<(), E>> {
+        let mut writer = self.writer.lock();
+        let txn = contain("completing with an effect", || {
+            self.flush_overlay(&mut writer)?;
+            let txn = self.db()?.begin_write()?;
+            Tables::direct(&txn, None)?
+                .held(&complete.key, complete.token, self.now())
+                .map_err(fail_error)?;
+            Ok(txn)
+        })?;
+        if let Err(err) = effect(&txn) {
+            return Ok(Err(err));
+        }
+        contain("completing with an effect", || {
+            let mut tables = Tables::direct(&txn, None)?;
+            let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
+                complete.apply(tables, ctx).map_err(fail_error)
+            })?;
+            drop(tables);
+            // The effect's writes are not in the log, so this commit must be durable itself.
+            self.commit_durably(txn, &mut writer, counters)
+        })?;
+        Ok(Ok(()))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // A last merge, so that the next open has no log to replay.
+        let _ = contain("closing the store", || {
+            let mut writer = self.writer.lock();
+            self.flush_overlay(&mut writer)?;
+            let txn = self.db()?.begin_write()?;
+            let counters = writer.counters;
+            self.commit_durably(txn, &mut writer, counters)
+        });
+        // The thread holds the database too: it must be gone before the database is dropped.
+        self.flusher.stop();
+        if let Some(db) = self.db.take() {
+            // redb's drop saves the allocator state and can panic on a damaged file; the error
+            // is already reported by the call that met the damage.
+            let _ = contain("closing the store", || {
+                drop(db);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// Checks that `txn`'s file is a store of this format (writing the metadata of a new one),
+/// opens the data tables, and returns the last log entry a merge covers.
+fn check_tables(txn: &WriteTransaction) -> Result<u64> {
+    let names: Vec<String> = txn
+        .list_tables()?
+        .map(|t| t.name().to_owned())
+        .chain(txn.list_multimap_tables()?.map(|t| t.name().to_owned()))
+        .collect();
+    if !names.iter().any(|n| n == META.name()) && !names.is_empty() {
+        return Err(Error::NotAStore {
+            reason: format!(
+                "the file holds the tables {names:?} but no idempotency-store metadata"
+            ),
+        });
+    }
+    let mut meta = txn.open_table(META)?;
+    let stored =
+        |m: &redb::Table<&str, u64>, k| -> Result<Option<u64>> { Ok(m.get(k)?.map(|v| v.value())) };
+    match stored(&meta, META_FORMAT)? {
+        None => {
+            meta.insert(META_FORMAT, STORE_FORMAT)?;
+            meta.insert(META_NEXT_TOKEN, 1)?;
+        }
+        Some(STORE_FORMAT) => {}
+        Some(v) => {
+            return Err(Error::NotAStore {
+                reason: format!(
+                    "store format version {v} is not supported (this build reads version \
+                     {STORE_FORMAT})"
+                ),
+            });
+        }
+    }
+    // After the format check: another format's tables may have other key types.
+    txn.open_table(RECORDS)?;
+    txn.open_table(EXPIRY)?;
+    Ok(stored(&meta, META_LOG_SEQ)?.unwrap_or(0))
+}
+
+/// A failure of the one call of a transaction of its own: whatever its kind, it is the call's.
+fn fail_error(fail: Fail) -> Error {
+    match fail {
+        Fail::Op(err) | Fail::Batch(err) => err,
+    }
+}
