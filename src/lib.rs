@@ -110,11 +110,10 @@ pub use crate::store::sweep::Sweeper;
 /// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
 pub use redb;
 
+// Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.
+#[cfg(feature = "__test-hooks")]
 #[doc(hidden)]
-pub use crate::api::key::fuzz_key;
-#[doc(hidden)]
-pub use crate::engine::codec::fuzz_decode_record;
-#[doc(hidden)]
-pub use crate::engine::contain::contained_panics;
-#[doc(hidden)]
-pub use crate::engine::wal::fuzz_log_replay;
+pub use crate::{
+    api::key::fuzz_key, engine::codec::fuzz_decode_record, engine::contain::contained_panics,
+    store::hooks::fuzz_log_replay,
+};

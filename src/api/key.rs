@@ -162,7 +162,7 @@ fn check(what: &str, value: &str) -> Result<()> {
 /// and checks what a valid key promises: exactly the printable-ASCII 1..=255-byte strings are
 /// accepted, the parts round-trip, and the stored form decodes to the same key. The fuzz
 /// target and its corpus replay in `cargo test` call this; it must never panic.
-#[doc(hidden)]
+#[cfg(feature = "__test-hooks")]
 pub fn fuzz_key(data: &[u8]) {
     let valid = |s: &[u8]| {
         (1..=MAX_KEY_LEN).contains(&s.len()) && s.iter().all(|b| (0x20..=0x7e).contains(b))

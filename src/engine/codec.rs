@@ -168,7 +168,7 @@ fn checksum(key: &[u8], versioned: &[u8]) -> [u8; CHECKSUM_LEN] {
 /// them) and with a valid checksum appended, so that the postcard decoder itself meets the
 /// arbitrary bytes. A record that decodes must survive re-encoding. The fuzz target and its
 /// corpus replay in `cargo test` call this; it must never panic.
-#[doc(hidden)]
+#[cfg(feature = "__test-hooks")]
 pub fn fuzz_decode_record(data: &[u8]) {
     const KEY: &[u8] = b"\x00fuzz";
     let _ = Record::decode(KEY, data);

@@ -13,7 +13,7 @@ thread_local! {
 
 /// How many panics the store has caught and turned into errors on this thread. For the fuzz
 /// targets, which must not meet any where redb's pages are intact.
-#[doc(hidden)]
+#[cfg(feature = "__test-hooks")]
 pub fn contained_panics() -> u64 {
     CONTAINED.with(std::cell::Cell::get)
 }

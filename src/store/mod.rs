@@ -3,6 +3,8 @@
 pub(crate) mod admin;
 mod backend;
 pub(crate) mod builder;
+#[cfg(feature = "__test-hooks")]
+pub(crate) mod hooks;
 pub(crate) mod maintenance;
 pub(crate) mod sweep;
 pub(crate) mod wait;
