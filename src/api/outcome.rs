@@ -14,6 +14,10 @@ use crate::api::response::Response;
 /// | `InProgress` | another attempt holds a live lease | 409 with `Retry-After`, or wait |
 /// | `Completed` | it already ran | replay the stored response |
 /// | `Mismatch` | the key was used for a different request | 422; never replay, never run |
+///
+/// Deliberately not `#[non_exhaustive]`: a new kind of answer would change what callers must
+/// do, so their `match` should stop compiling rather than fall into a wildcard arm. (The types
+/// it carries can grow: [`Replay`] is `#[non_exhaustive]`.)
 #[must_use = "a claim says whether the caller may run the operation"]
 #[derive(Debug)]
 pub enum Claim {
@@ -89,6 +93,7 @@ impl Lease {
 
 /// A completed operation's stored response, with its times.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Replay {
     /// The response, byte for byte as completed.
     pub response: Response,
@@ -105,6 +110,7 @@ pub struct Replay {
 /// The result of [`Store::execute`](crate::Store::execute).
 #[must_use = "the outcome says whether the operation ran"]
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Outcome<E> {
     /// The closure ran and its response was stored.
     Executed(Response),
@@ -128,6 +134,7 @@ pub enum Outcome<E> {
 
 /// A record as [`Store::lookup`](crate::Store::lookup) sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RecordView {
     /// The request fingerprint stored with the key.
     pub fingerprint: Fingerprint,
@@ -166,6 +173,7 @@ impl RecordView {
 
 /// The state part of a [`RecordView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecordState {
     /// An attempt holds (or held) the key.
     InProgress {

@@ -352,6 +352,8 @@ fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option
             }
             rows.push(["body".into(), shown_bytes(&response.body)]);
         }
+        // A state a later library version adds: shown by name only.
+        _ => rows.push(["state".into(), format!("{:?}", record.state)]),
     }
     for [name, value] in rows {
         writeln!(out, "{name:<12} {value}")?;
@@ -424,6 +426,7 @@ fn list(
                         completed_at,
                         response,
                     } => (utc(*completed_at), response.status.to_string()),
+                    _ => ("-".into(), "-".into()),
                 };
                 vec![
                     e.key.key().to_owned(),
@@ -787,7 +790,7 @@ fn make_key(key: &str, scope: Option<&str>) -> Result<Key, Fail> {
 fn lease(record: &RecordView) -> Option<Timestamp> {
     match record.state {
         RecordState::InProgress { lease_until, .. } => Some(lease_until),
-        RecordState::Completed { .. } => None,
+        _ => None,
     }
 }
 
@@ -818,6 +821,7 @@ fn record_json(key: &Key, record: &RecordView, now: Timestamp, full: bool) -> Va
             Some(completed_at.as_millis()),
             Some(response.status),
         ),
+        _ => ("unknown", None, None, None),
     };
     let mut value = json!({
         "key": key.key(),
@@ -852,6 +856,7 @@ fn record_json(key: &Key, record: &RecordView, now: Timestamp, full: bool) -> Va
                 });
                 (None, response)
             }
+            _ => (None, Value::Null),
         };
         map.insert("checkpoint_base64".into(), json!(checkpoint));
         map.insert("response".into(), response);

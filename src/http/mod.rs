@@ -20,7 +20,7 @@
 //!     let lease = match idem::decide(claim, store.now()) {
 //!         Ok(Decision::Run(lease)) => lease,
 //!         Ok(Decision::Respond(answer)) => return answer, // replay, 409 or 422
-//!         Err(_) => return Problem::internal().to_http(),  // a stored response http rejects
+//!         _ => return Problem::internal().to_http(), // a stored response http rejects
 //!     };
 //!     // Run the side effect once, then store the answer every retry gets.
 //!     let response = Response::new(201, r#"{"id":"pay_1"}"#)
@@ -203,6 +203,7 @@ pub fn replay(stored: Response) -> Result<::http::Response<Vec<u8>>, InvalidResp
 /// What to do after a claim.
 #[must_use = "either run the operation or send the answer"]
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Decision {
     /// The caller holds the key: run the operation, then complete or release the lease.
     Run(Lease),
@@ -441,6 +442,7 @@ fn reason_of(err: Error) -> String {
 /// assert_eq!(answer.headers()["content-type"], "application/problem+json");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Problem {
     /// The HTTP status (also the `status` member).
     pub status: StatusCode,
