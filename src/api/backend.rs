@@ -33,6 +33,7 @@ pub const SWEEP_BATCH: usize = 64;
 ///         Outcome::InProgress { .. } => 409,
 ///         Outcome::Mismatch { .. } => 422,
 ///         Outcome::Failed(()) => 502,
+///         _ => 500, // `Outcome` is non-exhaustive
 ///     })
 /// }
 ///
