@@ -66,9 +66,9 @@
 //!
 //! One file: a small header, a write-ahead log (each write batch appends one checksummed entry
 //! and syncs it; when the log is full, a batch commits durably into the database and the log
-//! starts over), then a redb database with three tables: records (stored key → versioned
-//! record), an expiry index (`(expires_at, key)`) and metadata. The file is not a plain redb
-//! file; open it with this crate. `docs/design.md` in the repository has the details.
+//! starts over), then a redb database with three tables: records (key hash and key →
+//! versioned record), an expiry index (`(expires_at, key hash)`) and metadata. The file is not
+//! a plain redb file; open it with this crate. `docs/design.md` in the repository has the details.
 //!
 //! [redb]: https://docs.rs/redb
 #![forbid(unsafe_code)]
@@ -107,7 +107,9 @@ pub use crate::store::builder::Builder;
 pub use crate::store::builder::{Durability, StoreBuilder, WhenFull};
 pub use crate::store::sweep::Sweeper;
 
-/// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
+/// The redb this crate stores in, for [`Store::complete_with`]'s own tables. Supported: redb
+/// `>= 4.6, < 5` (the requirement `redb = "4.6"`; the test suite runs on 4.6.0, the newest 4.x
+/// release), so an application on any of those versions shares one copy with this crate.
 pub use redb;
 
 // Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.

@@ -10,7 +10,7 @@
 //! commits come from this one thread's allocator arena, not from whichever caller leads.
 //!
 //! When the log's half fills up, the frozen generation is everything logged so far, and the
-//! thread commits it durably as a checkpoint (`Task::Merge`) while the writers go on in
+//! thread commits it durably as a merge (`Task::Merge`) while the writers go on in
 //! the log's other half.
 
 use std::sync::Arc;

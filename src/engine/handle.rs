@@ -73,7 +73,7 @@ struct Writer {
 /// How many records the overlay's active generation collects before it is handed to the
 /// flush thread (see `flush`). Each redb commit costs page copies, checksums and new roots, and
 /// a claim and its completion that meet in one generation reach redb once; larger generations
-/// cost resident memory (BENCHMARKS.md, "Overlay generation size").
+/// cost resident memory (BENCHMARKS.md, "Figures behind the defaults").
 const OVERLAY_RECORDS: usize = 128;
 
 /// The active generation's size at which a batch writes the overlay itself, because the flush

@@ -27,10 +27,9 @@ const MAGIC: &[u8; 18] = b"idempotency-store\n";
 const LAYOUT_VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: u64 = 4096;
 /// The default log region of a new file. Each half holds about 750 claim+complete pairs
-/// between checkpoints. A bigger log makes checkpoints rarer and buys throughput with many
-/// threads (64 threads: ~25k pairs/s at 8 MiB against ~22k at 1 MiB), but keeps more pages
-/// that non-durable commits freed waiting for the next checkpoint, in the file and in memory:
-/// peak RSS with 10^6 records 98.6 MiB at 4 MiB against 37.5 at 1 MiB (BENCHMARKS.md).
+/// between merges. A bigger log makes merges rarer and buys throughput with many threads, but
+/// keeps more pages that non-durable commits freed waiting for the next merge, in the file and
+/// in memory (BENCHMARKS.md, "Figures behind the defaults").
 pub(crate) const DEFAULT_LOG_LEN: u64 = 1 << 20;
 /// The log sizes a header may name (`StoreBuilder::log_size` checks the same lower bound).
 pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;

@@ -65,8 +65,8 @@ impl Usage {
     }
 }
 
-/// The counters of the meta table. They live in memory between checkpoints: a batch logs
-/// the ones it changes (`Change::Counter`) and only a checkpoint writes them to the table, so
+/// The counters of the meta table. They live in memory between merges: a batch logs the
+/// ones it changes (`Change::Counter`) and only a merge writes them to the table, so
 /// that most commits leave the meta table out (a tree fewer to rewrite per commit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counters {

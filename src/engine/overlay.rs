@@ -6,8 +6,8 @@
 //! log and, once durable, into the overlay, where readers look first. Once the active
 //! generation holds 128 records it is frozen and the store's flush thread (`flush`) writes it
 //! into redb in one commit without a sync, while batches fill the next. The whole overlay is
-//! written by the writer itself (`Store::flush_overlay`) before anything that writes redb
-//! directly or walks its tables: a checkpoint, a sweep, a batch of a store with quotas,
+//! written by the writer itself (`Engine::flush_overlay`) before anything that writes redb
+//! directly or walks its tables: a merge, a sweep, a batch of a store with quotas,
 //! `complete_with`, `stats`, `verify`, `records`. The log holds everything the overlay does,
 //! so a crash loses nothing.
 //!

@@ -3,7 +3,7 @@
 //! A record is stored under its key's 8-byte hash followed by the key, and the expiry index
 //! holds `(expires_at, hash)`: 16 fixed-width bytes an entry instead of the time and the whole
 //! key. The index is written in time order, so redb's splits leave its pages half full; small
-//! entries are what keeps it small (82 → 31 MiB at 10^6 records, BENCHMARKS.md). The prefix
+//! entries are what keeps it small (BENCHMARKS.md, "Figures behind the defaults"). The prefix
 //! costs each record 8 bytes and makes the records with one hash a short range of the table,
 //! which is how a sweep finds an entry's record.
 //!

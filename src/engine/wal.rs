@@ -6,16 +6,16 @@
 //! and only then do the changes become visible (in the overlay, or in a redb commit without a
 //! sync): readers see a batch only once it is durable. The log is used as two halves: when
 //! the one being written is full, everything logged so far is committed durably to redb (a
-//! checkpoint, on the flush thread), which also persists every earlier non-durable commit,
+//! merge, on the flush thread), which also persists every earlier non-durable commit,
 //! while entries go on at the start of the other half.
 //!
 //! Entries: `[payload length u32][sequence u64][checksum 8 B][payload]`, little-endian, the
 //! checksum (blake3, truncated) covering the first 12 bytes and the payload. The metadata
-//! table records the last sequence number a checkpoint covers (`META_LOG_SEQ`); the entries
+//! table records the last sequence number a merge covers (`META_LOG_SEQ`); the entries
 //! after it start at the beginning of one half and may go on at the beginning of the other.
 //! Opening replays them: it reads while each entry checks out and carries the next sequence
 //! number, and stops at the first that does not (a torn last write, zeros, or an older entry
-//! left over from before a checkpoint). Redo is physical, so replaying an entry twice changes
+//! left over from before a merge). Redo is physical, so replaying an entry twice changes
 //! nothing.
 
 use redb::WriteTransaction;
@@ -86,28 +86,28 @@ pub(crate) struct Log {
     /// The sequence number of the next entry; every number is used once, even by a failed
     /// write, so that an entry of unknown fate can never be mistaken for a later one.
     next_seq: u64,
-    /// False after a failed log write or commit: the next batch must checkpoint.
+    /// False after a failed log write or commit: the next batch must merge.
     healthy: bool,
     /// The entry being written; see `encode`.
     buf: Vec<u8>,
 }
 
 impl Log {
-    /// The last sequence number handed out; a checkpoint covers every entry up to it.
+    /// The last sequence number handed out; a merge covers every entry up to it.
     pub(crate) fn last_seq(&self) -> u64 {
         self.next_seq - 1
     }
 
     /// Writes `changes` as the next entry and syncs it; once this returns `Ok(true)`, the
     /// batch is durable. `Ok(false)`: the log cannot take it (its half is full, or a write
-    /// failed earlier), so the batch must switch halves (`switch`) or checkpoint instead;
+    /// failed earlier), so the batch must switch halves (`switch`) or merge instead;
     /// nothing was written.
     ///
-    /// `direct`: the batch wrote redb's tables directly (see `Store::commit`). Its sync is an
+    /// `direct`: the batch wrote redb's tables directly (see `Engine::commit`). Its sync is an
     /// `fdatasync` of the file, which also writes out the pages redb's commits without a sync
     /// left behind, and it may run on into the second half while that half holds nothing a
-    /// checkpoint has yet to cover: such a batch checkpoints itself when the log is full, and
-    /// each checkpoint stalls the writer for several ms, so it gets the whole log between two.
+    /// merge has yet to cover: such a batch merges itself when the log is full, and
+    /// each merge stalls the writer for several ms, so it gets the whole log between two.
     pub(crate) fn append(&mut self, changes: &[Change], direct: bool) -> Result<bool> {
         self.encode(changes)?;
         let entry = &mut self.buf;
@@ -129,7 +129,7 @@ impl Log {
         let offset = self.region.log_start() + self.pos;
         self.pos += entry.len() as u64;
         if self.half == Half::First && self.pos > Half::First.end(self.region) {
-            // Into the second half: the first half's entries wait for a checkpoint.
+            // Into the second half: the first half's entries wait for a merge.
             self.half = Half::Second;
             self.other_free = false;
         }
@@ -154,8 +154,8 @@ impl Log {
 
     /// Frames `changes` in the log's own buffer, without the sequence number and checksum.
     /// One buffer for the life of the store: a fresh one per batch would come from whichever
-    /// thread leads the batch, and 64 threads' malloc arenas each keeping a batch-sized
-    /// buffer cost tens of MiB of resident memory.
+    /// thread leads the batch, and many threads' malloc arenas each keeping a batch-sized
+    /// buffer cost resident memory.
     fn encode(&mut self, changes: &[Change]) -> Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
@@ -175,7 +175,7 @@ impl Log {
     }
 
     /// The batch's redb commit failed after its entry was written: the entry is durable, but
-    /// the tables do not show it (a reopen would replay it). The next batch checkpoints, which
+    /// the tables do not show it (a reopen would replay it). The next batch merges, which
     /// retires the entry.
     pub(crate) fn commit_failed(&mut self) {
         self.healthy = false;
@@ -192,9 +192,9 @@ impl Log {
     /// Moves to the start of the other half, if a durable commit covers the entries there and
     /// the entry that did not fit (the last `append`'s) fits in a half. Returns the last
     /// sequence number of the half left behind: a durable commit recording it (`freed`) lets
-    /// the log come back to that half. Writers thus never wait for a checkpoint's sync, which
-    /// must write out every page redb's unsynced commits left since the last one (15 ms at 64
-    /// threads with a 1 MiB log).
+    /// the log come back to that half. Writers thus never wait for a merge's sync, which must
+    /// write out every page redb's unsynced commits left since the last one (BENCHMARKS.md,
+    /// "Figures behind the defaults").
     pub(crate) fn switch(&mut self) -> Option<u64> {
         let fits = self.buf.len() as u64 <= self.region.log_len / 2;
         if !(self.healthy && self.other_free && fits) {
@@ -281,7 +281,7 @@ fn entry_checksum(entry: &[u8]) -> [u8; 8] {
 ///
 /// An `fdatasync` of the file would also write out every page that redb's commits without a
 /// sync left in the page cache, which the log does not need: those pages only matter after
-/// the next checkpoint, whose durable commit syncs them (until then the log holds their
+/// the next merge, whose durable commit syncs them (until then the log holds their
 /// changes, and redb never overwrites the pages of its last durable commit). Linux syncs just
 /// the written range for an `O_DSYNC` write, including the disk's cache flush: measured,
 /// a 64-thread batch's log write went from 415 µs to about 210 µs.
@@ -315,10 +315,10 @@ fn write_durably(_file: &std::fs::File, _data: &[u8], _offset: u64) -> std::io::
     ))
 }
 
-/// Reads the entries after `applied` and returns them; the log must then be checkpointed.
+/// Reads the entries after `applied` and returns them; the log must then be merged.
 ///
 /// They start at the beginning of one half and may go on at the beginning of the other: the
-/// entries after a checkpoint start a half, and the log switches halves only between entries.
+/// entries after a merge start a half, and the log switches halves only between entries.
 /// Every sequence number is used once, so the entry numbered `applied + 1` is at the start of
 /// at most one half, and an older entry left over in a half ends the run.
 pub(crate) fn recover(opened: LogFile, applied: u64) -> Result<(Log, Vec<Vec<Change>>)> {
@@ -498,7 +498,7 @@ mod tests {
         }
         log.merged();
         assert!(log.append(&put(4), false).expect("append"));
-        // The checkpoint covered 1..=3: entry 4 overwrote entry 1, and what is left of 2 and 3
+        // The merge covered 1..=3: entry 4 overwrote entry 1, and what is left of 2 and 3
         // carries older numbers.
         let (log, found) = recover(opened(storage, region), 3).expect("recover");
         assert_eq!(found, vec![put(4)]);
@@ -542,24 +542,21 @@ mod tests {
         );
         let covered = log.switch().expect("the second half is free");
         assert_eq!(covered, *first.end());
-        assert!(
-            log.switch().is_none(),
-            "the first half awaits its checkpoint"
-        );
+        assert!(log.switch().is_none(), "the first half awaits its merge");
         let second = fill_half(&mut log, covered + 1);
         assert!(log.pos > region.log_len / 2 && log.pos <= region.log_len);
-        // No checkpoint yet: everything after 0 comes back, first half then second.
+        // No merge yet: everything after 0 comes back, first half then second.
         let (_, found) = recover(opened(storage.clone(), region), 0).expect("recover");
         let all: Vec<u64> = first.clone().chain(second.clone()).collect();
         assert_eq!(numbers(&found), all);
-        // The first half's checkpoint: only the second half's entries are left to replay.
+        // The first half's merge: only the second half's entries are left to replay.
         let (_, found) = recover(opened(storage.clone(), region), covered).expect("recover");
         assert_eq!(numbers(&found), second.clone().collect::<Vec<_>>());
         // Back to the first half, over its old entries: the second half's, then the new ones,
         // and the old tail (older numbers) ends the run.
         assert!(
             log.switch().is_none(),
-            "the first half's checkpoint is not durable yet"
+            "the first half's merge is not durable yet"
         );
         log.freed();
         let covered_2 = log.switch().expect("the first half is free again");
@@ -586,7 +583,7 @@ mod tests {
             assert!(log.append(&big(seq), true).expect("append"), "entry {seq}");
             seq += 1;
         }
-        assert!(log.switch().is_none(), "the first half awaits a checkpoint");
+        assert!(log.switch().is_none(), "the first half awaits a merge");
         assert!(
             log.append(&big(seq), false).expect("append"),
             "on in the second half"
@@ -605,7 +602,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_log_refuses_and_a_failed_write_forces_a_checkpoint() {
+    fn a_full_log_refuses_and_a_failed_write_forces_a_merge() {
         let (storage, region) = storage();
         let (mut log, _) = recover(opened(storage, region), 0).expect("recover");
         let huge = vec![Change::Delete {
@@ -620,7 +617,7 @@ mod tests {
         log.commit_failed();
         assert!(
             !log.append(&put(2), false).expect("append"),
-            "must checkpoint first"
+            "must merge first"
         );
         log.merged();
         assert!(log.append(&put(2), false).expect("append"));

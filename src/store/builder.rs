@@ -20,13 +20,13 @@ use crate::store::Store;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
-    /// Each batch is one durable log write; the checkpoints that move the log into redb are
+    /// Each batch is one durable log write; the merges that move the log into redb are
     /// one-phase redb commits with checksums (one `fdatasync` each). After a crash the next
     /// open verifies and repairs the whole file, which takes time proportional to its size,
     /// then replays the log. The default.
     #[default]
     Immediate,
-    /// Batches are logged as under `Immediate`; checkpoints are two-phase redb commits with
+    /// Batches are logged as under `Immediate`; merges are two-phase redb commits with
     /// redb's quick repair (two `fdatasync`s and a copy of the allocator state each), so redb's
     /// part of the first open after a crash is instant regardless of file size, and only the
     /// log is replayed. Two-phase commit also resists a torn commit forged by someone who
@@ -150,14 +150,12 @@ impl StoreBuilder {
 
     /// redb's page cache, in bytes. redb's own default (1 GiB) suits a database server, not an
     /// edge device; the hot part of an idempotency store (recent keys) is small. redb also
-    /// keeps the pages changed since the last checkpoint in a write buffer of up to half this
-    /// size, so the store's page memory is up to 1.5 times it. Defaults to 8 MiB. Replays of
-    /// keys not recently written read their pages through this cache: at 4 MiB, 16 threads
-    /// replaying 10,000 keys while 16 others wrote fresh ones spent 18 % of the CPU in redb's
-    /// cache lookups and `pread`s, and replayed at ~0.5× their rate without the writers; at
-    /// 8 MiB ~0.95×. The cost is resident memory (peak RSS with 10^6 records and 64 writing
-    /// threads: 28.5 MiB at 4 MiB, 37.5 at 8; BENCHMARKS.md). Raise it if replays of older
-    /// keys dominate, lower it for a small device.
+    /// keeps the pages changed since the last merge in a write buffer of up to half this size,
+    /// so the store's page memory is up to 1.5 times it. Defaults to 8 MiB. Replays of keys not
+    /// recently written read their pages through this cache, so a cache too small for them
+    /// slows replays beside busy writers; the cost of a larger one is resident memory
+    /// (BENCHMARKS.md, "Figures behind the defaults"). Raise it if replays of older keys
+    /// dominate, lower it for a small device.
     pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
         self.cache_size = bytes;
         self
@@ -172,12 +170,12 @@ impl StoreBuilder {
 
     /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at
     /// least 16 KiB. Each write batch appends to the log and syncs it; when the log is full,
-    /// a batch commits durably into the database instead (a checkpoint) and the log starts
-    /// over. A bigger log means fewer checkpoints, and more throughput with many threads; a
-    /// smaller one a smaller file, a shorter replay after a crash and less memory (redb holds
-    /// the pages freed since the last checkpoint: peak RSS with 10^6 records 98.6 MiB at a
-    /// 4 MiB log, 37.5 MiB at 1 MiB; BENCHMARKS.md). A batch bigger than the log simply
-    /// checkpoints. An existing file keeps the size it was created with. Defaults to 1 MiB.
+    /// its changes commit durably into the database (a merge) and the log starts over. A
+    /// bigger log means fewer merges, and more throughput with many threads; a smaller one a
+    /// smaller file, a shorter replay after a crash and less memory (redb holds the pages freed
+    /// since the last merge; BENCHMARKS.md, "Figures behind the defaults"). A batch bigger
+    /// than the log simply merges. An existing file keeps the size it was created with.
+    /// Defaults to 1 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
         self

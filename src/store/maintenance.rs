@@ -24,7 +24,7 @@ impl Store {
     }
 
     fn walk(&self) -> Result<VerifyReport> {
-        // The counters live in memory between checkpoints and the latest changes in the
+        // The counters live in memory between merges and the latest changes in the
         // overlay; under the writer lock, the flushed tables and the counters agree exactly.
         let (txn, counters) = self.engine.snapshot()?;
         let records = txn.open_table(RECORDS)?;
