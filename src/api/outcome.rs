@@ -166,8 +166,12 @@ impl RecordView {
     /// ```
     #[must_use]
     pub fn is_stuck(&self, now: Timestamp) -> bool {
-        now < self.expires_at
-            && matches!(self.state, RecordState::InProgress { lease_until, .. } if now >= lease_until)
+        match self.state {
+            RecordState::InProgress { lease_until, .. } => {
+                now < self.expires_at && now >= lease_until
+            }
+            RecordState::Completed { .. } => false,
+        }
     }
 }
 

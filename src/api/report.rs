@@ -46,6 +46,7 @@ pub struct Stats {
 pub struct StoredRecord {
     /// The record's key (with its scope).
     pub key: Key,
-    /// The record, expired or not: compare [`RecordView::expires_at`] with [`Store::now`](crate::Store::now).
+    /// The record, expired or not: compare [`RecordView::expires_at`] with
+    /// [`Store::now`](crate::Store::now).
     pub record: RecordView,
 }

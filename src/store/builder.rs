@@ -9,6 +9,8 @@ use crate::api::settings::{Settings, invalid_config};
 use crate::engine::batch::Quota;
 use crate::engine::handle::Config;
 use crate::engine::{layout, open};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::store::Store;
 
@@ -65,7 +67,7 @@ pub struct StoreBuilder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum WhenFull {
-    /// Refuse the claim with [`Error::QuotaExceeded`](crate::Error::QuotaExceeded): fail closed. The default.
+    /// Refuse the claim with [`Error::QuotaExceeded`]: fail closed. The default.
     #[default]
     Refuse,
     /// Delete the oldest completed records to make room. Their keys then run afresh if
@@ -213,9 +215,9 @@ impl StoreBuilder {
     /// Opens the store file at `path`, creating it if it does not exist.
     ///
     /// # Errors
-    /// [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the file is open elsewhere, [`Error::NotAStore`](crate::Error::NotAStore) if it holds
-    /// something else, [`Error::Corrupted`](crate::Error::Corrupted) or [`Error::Storage`](crate::Error::Storage) if it cannot be read, and
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an out-of-range setting.
+    /// [`Error::AlreadyOpen`] if the file is open elsewhere, [`Error::NotAStore`] if it holds
+    /// something else, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
+    /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
         let path = path.as_ref();
@@ -226,7 +228,7 @@ impl StoreBuilder {
     /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an out-of-range setting.
+    /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open_in_memory(&self) -> Result<Store> {
         self.open_with_backend(redb::backends::InMemoryBackend::new())
     }

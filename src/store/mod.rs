@@ -23,6 +23,8 @@ use crate::api::settings::Settings;
 use crate::engine::contain::contain;
 use crate::engine::handle::Engine;
 use crate::engine::ops::{Checkpoint, ClaimKey, Complete, Heartbeat, Release};
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::store::builder::StoreBuilder;
 use crate::store::wait::Waiters;
@@ -108,8 +110,8 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidKey`](crate::Error::InvalidKey) if the key is longer than this store's `max_key_len`;
-    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Corrupted`](crate::Error::Corrupted) if the record cannot be read or written. A
+    /// [`Error::InvalidKey`] if the key is longer than this store's `max_key_len`;
+    /// [`Error::Storage`] or [`Error::Corrupted`] if the record cannot be read or written. A
     /// storage error on the write path leaves the outcome unknown: the claim may have landed
     /// (its lease then lapses normally).
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
@@ -129,15 +131,15 @@ impl Store {
     /// Fenced: succeeds only while the record is in progress under this lease's token (a
     /// lapsed lease that nobody took over still completes). The lease is borrowed, not
     /// consumed, so that a response rejected as too large can be replaced by a smaller one; once
-    /// the lease is settled, every further use of it fails with [`Error::LeaseLost`](crate::Error::LeaseLost).
+    /// the lease is settled, every further use of it fails with [`Error::LeaseLost`].
     ///
     /// To make a failure final (the client must see it again), complete with the error
     /// response; to let a retry run afresh, [`release`](Store::release) instead.
     ///
     /// # Errors
-    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) (nothing written, the lease still holds);
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the key was taken over, released or expired (nothing written);
-    /// [`Error::Storage`](crate::Error::Storage) if the commit failed (outcome unknown: look the key up).
+    /// [`Error::ResponseTooLarge`] (nothing written, the lease still holds);
+    /// [`Error::LeaseLost`] if the key was taken over, released or expired (nothing written);
+    /// [`Error::Storage`] if the commit failed (outcome unknown: look the key up).
     pub fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
         self.check_size(response.size())?;
         self.engine.write(Complete {
@@ -153,7 +155,7 @@ impl Store {
     /// operation failed before any side effect. Fenced like [`complete`](Store::complete).
     ///
     /// # Errors
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease no longer holds the key; [`Error::Storage`](crate::Error::Storage) if the
+    /// [`Error::LeaseLost`] if the lease no longer holds the key; [`Error::Storage`] if the
     /// commit failed.
     pub fn release(&self, lease: &Lease) -> Result<()> {
         self.engine.write(Release {
@@ -169,8 +171,8 @@ impl Store {
     /// lapses.
     ///
     /// # Errors
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost) if the lease no longer holds the key (stop the work: another
-    /// attempt owns it); [`Error::Storage`](crate::Error::Storage) if the commit failed.
+    /// [`Error::LeaseLost`] if the lease no longer holds the key (stop the work: another
+    /// attempt owns it); [`Error::Storage`] if the commit failed.
     pub fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
         let until = self.engine.write(Heartbeat {
             key: lease.key.clone(),
@@ -185,8 +187,8 @@ impl Store {
     /// finished steps.
     ///
     /// # Errors
-    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) if `data` exceeds `max_response_bytes`;
-    /// [`Error::LeaseLost`](crate::Error::LeaseLost); [`Error::Storage`](crate::Error::Storage).
+    /// [`Error::ResponseTooLarge`] if `data` exceeds `max_response_bytes`;
+    /// [`Error::LeaseLost`]; [`Error::Storage`].
     pub fn checkpoint(&self, lease: &mut Lease, data: impl Into<Vec<u8>>) -> Result<()> {
         let data = data.into();
         self.check_size(data.len())?;
@@ -235,8 +237,8 @@ impl Store {
     /// transaction and never waits for writers.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`](crate::Error::InvalidKey) for a key longer than `max_key_len`; [`Error::Corrupted`](crate::Error::Corrupted) if the
-    /// record does not decode; [`Error::Storage`](crate::Error::Storage).
+    /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
+    /// record does not decode; [`Error::Storage`].
     pub fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
         self.check_key(key)?;
         let now = self.now();
@@ -292,7 +294,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// The outer result: [`Error::Storage`](crate::Error::Storage) if the read transaction cannot start. The inner
+    /// The outer result: [`Error::Storage`] if the read transaction cannot start. The inner
     /// result: `read`'s own.
     pub fn read_with<T, E>(
         &self,
@@ -331,8 +333,8 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// The outer result: [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) or [`Error::LeaseLost`](crate::Error::LeaseLost) (nothing ran),
-    /// [`Error::Storage`](crate::Error::Storage) (the commit failed; outcome unknown). The inner result: `effect`'s
+    /// The outer result: [`Error::ResponseTooLarge`] or [`Error::LeaseLost`] (nothing ran),
+    /// [`Error::Storage`] (the commit failed; outcome unknown). The inner result: `effect`'s
     /// error.
     pub fn complete_with<E, F>(
         &self,

@@ -31,8 +31,8 @@ impl Store {
         Ok((swept.deleted, swept.more))
     }
 
-    /// Deletes every expired record, in transactions of [`SWEEP_BATCH`](crate::SWEEP_BATCH) so that other writers get the
-    /// writer between them. Returns the total deleted.
+    /// Deletes every expired record, in transactions of [`SWEEP_BATCH`](crate::SWEEP_BATCH) so
+    /// that other writers get the writer between them. Returns the total deleted.
     ///
     /// # Errors
     /// As for [`sweep`](Store::sweep); records deleted by earlier batches stay deleted.
