@@ -433,17 +433,15 @@ enum Points {
     Creation,
 }
 
-fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut Figures) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir_path = dir.path().canonicalize().expect("canonical tempdir");
-    let trace = record(workload, &dir_path);
-    let calls = check::calls(&trace.notes).expect("notes");
-    let acks = calls.iter().filter(|(_, c)| c.acked).count();
-    let mut history = History::new(trace.ops.clone(), &trace.barriers);
-    let mut rng =
-        Rng((seed ^ (workload.name.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
-
-    // Crash just before and just after each call on the store file, and at the very end.
+/// The crash points to try, in increasing order, and how many there were to choose from: just
+/// before and just after each call on the store file, and the end of the trace.
+fn crash_points(
+    history: &History,
+    trace: &trace::Trace,
+    calls: &[(usize, check::Call)],
+    wanted: Points,
+    rng: &mut Rng,
+) -> (usize, Vec<usize>) {
     let mut candidates: Vec<usize> = history
         .points(&trace.barriers)
         .into_iter()
@@ -475,49 +473,36 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
         }
     };
     points.sort_unstable();
+    (candidates.len(), points)
+}
 
-    let images_per_point = 5 + env_number("SYSCALL_CRASH_RANDOM_IMAGES", 4) as usize;
+fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut Figures) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_path = dir.path().canonicalize().expect("canonical tempdir");
+    let trace = record(workload, &dir_path);
+    let calls = check::calls(&trace.notes).expect("notes");
+    let acks = calls.iter().filter(|(_, c)| c.acked).count();
+    let mut history = History::new(trace.ops.clone(), &trace.barriers);
+    let name_hash = blake3::hash(workload.name.as_bytes());
+    let mut rng =
+        Rng((seed ^ u64::from_le_bytes(name_hash.as_bytes()[..8].try_into().expect("8"))) | 1);
+    let (candidates, points) = crash_points(&history, &trace, &calls, wanted, &mut rng);
+
     let crash_path = dir_path.join("crash.redb");
     let (mut images, mut duplicates) = (0, 0);
     for &point in &points {
         let model = Model::new(&calls, point);
-        let pending = history.pending(point);
-        figures.pending_writes += pending.len();
-        let mut seen = HashSet::new();
-        for variant in 0..images_per_point {
-            let fates = fates(&history, &pending, variant, &mut rng);
-            let image = history.image(point, |index| {
-                fates
-                    .iter()
-                    .find(|(i, _)| *i == index)
-                    .map_or(Fate::Kept, |(_, f)| *f)
-            });
-            if !seen.insert(blake3::hash(&image)) {
-                duplicates += 1;
-                continue;
-            }
-            images += 1;
-            figures.torn += fates
-                .iter()
-                .filter(|(_, f)| matches!(f, Fate::Prefix(_) | Fate::Sectors(_)))
-                .count();
-            let checked = check_image(workload, &crash_path, &image, &model);
-            let at = format!(
-                "{} at trace line {point} (image {variant}, {} pending writes)",
-                workload.name,
-                pending.len()
-            );
-            match checked {
-                Ok(keys) if model.opened => figures.keys_checked += keys,
-                Ok(_) => figures.creation_opened += 1,
-                Err(Failure::Refused(err)) if !model.opened => {
-                    figures.creation_refused.push(format!("{at}: {err}"));
-                }
-                Err(Failure::Refused(err) | Failure::Check(err)) => {
-                    figures.failures.push(format!("{at}: {err}"));
-                }
-            }
-        }
+        let (built, same) = check_point(
+            workload,
+            &mut history,
+            point,
+            &model,
+            &crash_path,
+            &mut rng,
+            figures,
+        );
+        images += built;
+        duplicates += same;
     }
     if trace.ops.iter().any(|op| op.dsync) {
         negative_control(workload, &trace, &calls, &crash_path, figures);
@@ -531,7 +516,7 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
         trace.summary(),
         calls.len(),
         points.len(),
-        candidates.len(),
+        candidates,
     );
     assert!(
         trace.dsync_opens > 0,
@@ -544,6 +529,58 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
     figures.points += points.len();
     figures.images += images;
     figures.duplicates += duplicates;
+}
+
+/// Builds the images of one crash point, checks each distinct one and tallies the outcomes;
+/// returns the images checked and the duplicates skipped.
+fn check_point(
+    workload: &Workload,
+    history: &mut History,
+    point: usize,
+    model: &Model,
+    crash_path: &Path,
+    rng: &mut Rng,
+    figures: &mut Figures,
+) -> (usize, usize) {
+    let images_per_point = 5 + env_number("SYSCALL_CRASH_RANDOM_IMAGES", 4) as usize;
+    let pending = history.pending(point);
+    figures.pending_writes += pending.len();
+    let mut seen = HashSet::new();
+    let (mut images, mut duplicates) = (0, 0);
+    for variant in 0..images_per_point {
+        let fates = fates(history, &pending, variant, rng);
+        let image = history.image(point, |index| {
+            fates
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map_or(Fate::Kept, |(_, f)| *f)
+        });
+        if !seen.insert(blake3::hash(&image)) {
+            duplicates += 1;
+            continue;
+        }
+        images += 1;
+        figures.torn += fates
+            .iter()
+            .filter(|(_, f)| matches!(f, Fate::Prefix(_) | Fate::Sectors(_)))
+            .count();
+        let at = format!(
+            "{} at trace line {point} (image {variant}, {} pending writes)",
+            workload.name,
+            pending.len()
+        );
+        match check_image(workload, crash_path, &image, model) {
+            Ok(keys) if model.opened => figures.keys_checked += keys,
+            Ok(_) => figures.creation_opened += 1,
+            Err(Failure::Refused(err)) if !model.opened => {
+                figures.creation_refused.push(format!("{at}: {err}"));
+            }
+            Err(Failure::Refused(err) | Failure::Check(err)) => {
+                figures.failures.push(format!("{at}: {err}"));
+            }
+        }
+    }
+    (images, duplicates)
 }
 
 /// The check proves something only if it fails where a write that the store relies on is

@@ -88,7 +88,7 @@ pub fn parse(text: &str, store: &str, notes: &str) -> Result<Trace, String> {
             (index, rest.to_owned())
         };
         let call = Call::parse(&call).map_err(|e| format!("line {index}: {e}: {line}"))?;
-        trace.record(call, start, index, store, notes, &mut fds)?;
+        trace.record(call, (start, index), (store, notes), &mut fds)?;
     }
     Ok(trace)
 }
@@ -221,15 +221,16 @@ fn number(arg: &str) -> Result<u64, String> {
 }
 
 impl Trace {
+    /// `span`: the lines where the call started and returned; `files`: the store file's path
+    /// and the notes file's.
     fn record(
         &mut self,
         call: Call,
-        start: usize,
-        end: usize,
-        store: &str,
-        notes: &str,
+        span: (usize, usize),
+        files: (&str, &str),
         fds: &mut HashMap<i64, (String, bool)>,
     ) -> Result<(), String> {
+        let store = files.0;
         let Some(ret) = call.ret_value() else {
             // A failed call changed nothing; one on the store file is not expected at all.
             if call.args.iter().any(|a| a.contains(&hex_path(store))) {
@@ -259,20 +260,17 @@ impl Trace {
                 let (number, _) = fd(call.arg(0)?)?;
                 fds.remove(&number);
             }
-            _ => self.record_io(&call, start, end, ret, store, notes, fds)?,
+            _ => self.record_io(&call, span, ret, files, fds)?,
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn record_io(
         &mut self,
         call: &Call,
-        start: usize,
-        end: usize,
+        (start, end): (usize, usize),
         ret: i64,
-        store: &str,
-        notes: &str,
+        (store, notes): (&str, &str),
         fds: &HashMap<i64, (String, bool)>,
     ) -> Result<(), String> {
         let first = call.args.first().map_or("", String::as_str);
