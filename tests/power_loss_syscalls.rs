@@ -11,14 +11,22 @@
 //! built: the file as the last barriers left it, plus the writes not yet durable kept, dropped
 //! or torn at 512-byte and 4 KiB boundaries (`syscalls::image` has the model). Each image is
 //! opened with `Store::open` on a copy and checked against every call acknowledged before the
-//! point (`syscalls::check`): recovery must succeed, `verify` must be clean, acknowledged
+//! point (`syscalls::check`): recovery must succeed (crashes before the first `Store::open`
+//! returned are counted apart, see the ignored test), `verify` must be clean, acknowledged
 //! claims, heartbeats, checkpoints and completions must be there (completions with their exact
 //! response), releases gone, nothing completed with a response no call was made with, the
 //! `complete_with` ledger equal to the completed records, and the store must take new writes.
+//! A negative control per workload that logs through `O_DSYNC` (an image from a disk that
+//! ignored `O_DSYNC`) must fail the check.
+//!
+//! The trace is the thread schedule of one run, so two runs with one seed try different
+//! points; a failure prints the trace line, the image and what the store held, and keeps the
+//! image and the trace in `$TMPDIR/idempotency-power-loss-failures/`.
 //!
 //! `cargo test --test power_loss_syscalls` runs a short sample; `SYSCALL_CRASH_POINTS` (crash
-//! points per workload, default 24), `SYSCALL_CRASH_SCALE` (multiplies the workloads' keys,
-//! default 1) and `SYSCALL_CRASH_SEED` make the long run (README, "Long runs"). Needs `strace`
+//! points per workload, default 32), `SYSCALL_CRASH_SCALE` (multiplies the workloads' keys,
+//! default 1), `SYSCALL_CRASH_RANDOM_IMAGES` (random images per point beside the five fixed
+//! ones, default 4) and `SYSCALL_CRASH_SEED` make the long run (README, "Long runs"). Needs `strace`
 //! (`.ci/run` installs it).
 
 use std::collections::HashSet;
@@ -576,11 +584,29 @@ fn check_point(
                 figures.creation_refused.push(format!("{at}: {err}"));
             }
             Err(Failure::Refused(err) | Failure::Check(err)) => {
-                figures.failures.push(format!("{at}: {err}"));
+                let kept = keep_evidence(
+                    crash_path,
+                    &format!("{}-{point}-{variant}", workload.name),
+                    &image,
+                );
+                figures.failures.push(format!("{at}: {err} ({kept})"));
             }
         }
     }
     (images, duplicates)
+}
+
+/// Copies a failing image and its trace out of the temporary directory; says where.
+fn keep_evidence(crash_path: &Path, name: &str, image: &[u8]) -> String {
+    let dir = std::env::temp_dir().join("idempotency-power-loss-failures");
+    let trace = crash_path.with_file_name("trace.txt");
+    let kept = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(format!("{name}.redb")), image))
+        .and_then(|()| std::fs::copy(&trace, dir.join(format!("{name}.trace.txt"))));
+    match kept {
+        Ok(_) => format!("image and trace kept in {}", dir.display()),
+        Err(err) => format!("could not keep the image: {err}"),
+    }
 }
 
 /// The check proves something only if it fails where a write that the store relies on is
