@@ -36,7 +36,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idempotency_store::{Builder, Claim, Durability, Key, ManualClock, Result, Store, Timestamp};
+use idempotency_store::{
+    Claim, Durability, Key, ManualClock, Result, Store, StoreBuilder, Timestamp,
+};
 
 mod syscalls;
 use syscalls::check::{self, LEDGER, Model, checkpoint_data, fingerprint, response_for};
@@ -139,7 +141,7 @@ const WORKLOADS: [Workload; 6] = [
     },
 ];
 
-fn builder(workload: &Workload, clock: &ManualClock) -> Builder {
+fn builder(workload: &Workload, clock: &ManualClock) -> StoreBuilder {
     let mut builder = Store::builder();
     builder
         .retention(RETENTION)
