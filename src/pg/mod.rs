@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ::postgres::types::{FromSql, ToSql};
-use ::postgres::{Client, Config, IsolationLevel, NoTls, Row, Statement};
+use ::postgres::{Client, IsolationLevel, Row, Statement};
+use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::api::backend::IdempotencyStore;
@@ -22,6 +23,8 @@ use crate::error::{Error, Result};
 use crate::store::builder::{check_common, invalid_config};
 use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
+
+mod tls;
 
 /// The schema version this build migrates to.
 const SCHEMA_VERSION: i32 = 1;
@@ -74,9 +77,26 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// `Stats::file_bytes` is the table's total size on the server (indexes and TOAST included);
 /// `VerifyReport::expiry_entries` equals the record count, as PostgreSQL maintains the
 /// `expires_at` index itself; there are no quotas (`max_records`, `max_bytes`) and no group
-/// commit (PostgreSQL groups WAL flushes of concurrent commits itself). Connections are plain
-/// TCP without TLS (`NoTls`): use a local socket or a trusted network. A pooled connection that
-/// the server dropped fails one call with [`Error::Storage`] and is then replaced.
+/// commit (PostgreSQL groups WAL flushes of concurrent commits itself). A pooled connection
+/// that the server dropped fails one call with [`Error::Storage`] and is then replaced.
+///
+/// # TLS
+///
+/// The connection string's `sslmode` decides, as in libpq: `disable` (plain TCP), `prefer`
+/// (the default: TLS if the server offers it), `require` (TLS, certificate not checked),
+/// `verify-ca` (the certificate must chain to a trusted root) and `verify-full` (and also name
+/// the host or IP address connected to). `sslrootcert` names a PEM file holding the trusted
+/// roots (replacing the system's; `require` with such a file checks the chain, as libpq does);
+/// without it, or with `sslrootcert=system`, the system's roots are trusted. TLS is
+/// `native-tls` (OpenSSL on Linux).
+///
+/// ```no_run
+/// # use idempotency_store::PgStore;
+/// let store = PgStore::connect(
+///     "postgresql://idem:idem@db.internal/idem?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+/// )?;
+/// # Ok::<(), idempotency_store::Error>(())
+/// ```
 ///
 /// # Schema
 ///
@@ -266,29 +286,33 @@ impl PgStoreBuilder {
     }
 
     /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
-    /// string, without TLS), creates or migrates the schema (idempotently, under an advisory
+    /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates the schema (idempotently, under an advisory
     /// lock, so that instances starting together do not race) and opens the connection pool.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for an out-of-range setting or an unparsable `url`;
-    /// [`Error::Storage`] if the server cannot be reached or the migration fails;
+    /// [`Error::InvalidConfig`] for an out-of-range setting, an unparsable `url` or an
+    /// unreadable `sslrootcert`; [`Error::Storage`] if the server cannot be reached, the TLS
+    /// handshake or certificate check fails (the message names the `sslmode`) or the migration
+    /// fails;
     /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
     /// not create, or was migrated by a newer version of this crate.
     pub fn connect(&self, url: &str) -> Result<PgStore> {
         self.validate()?;
-        let mut config: Config = url.parse().map_err(|e| Error::InvalidConfig {
-            reason: format!("the PostgreSQL connection string does not parse: {e}"),
-        })?;
+        let tls::Connection {
+            mut config,
+            tls,
+            mode,
+        } = tls::parse(url)?;
         config.connect_timeout(self.connection_timeout);
         let manager = Manager {
-            inner: PostgresConnectionManager::new(config, NoTls),
+            inner: PostgresConnectionManager::new(config, tls),
         };
         let sql = Arc::new(Sql::new(&self.schema));
         {
-            // A connection of its own, so that a wrong address or password fails at once with
-            // the server's answer rather than after the pool's timeout.
+            // A connection of its own, so that a wrong address, password or certificate fails
+            // at once with the server's answer rather than after the pool's timeout.
             let mut client = r2d2::ManageConnection::connect(&manager.inner)
-                .map_err(|e| pg("connecting to PostgreSQL", e))?;
+                .map_err(|e| pg(mode.context(), e))?;
             migrate(&mut client, &self.schema)?;
         }
         let pool = r2d2::Pool::builder()
@@ -795,7 +819,7 @@ impl Conn {
 
 /// `r2d2_postgres`'s manager, with a slot for the prepared statements.
 struct Manager {
-    inner: PostgresConnectionManager<NoTls>,
+    inner: PostgresConnectionManager<MakeTlsConnector>,
 }
 
 impl r2d2::ManageConnection for Manager {
