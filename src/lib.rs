@@ -105,6 +105,11 @@ pub use crate::store::sweep::Sweeper;
 /// The redb version this crate stores in, for [`Store::complete_with`]'s own tables.
 pub use redb;
 
+/// The `postgres` client version [`PgStore`] uses, for the transactions of
+/// [`PgStore::complete_with`] and [`PgStore::read_with`].
+#[cfg(feature = "postgres")]
+pub use postgres;
+
 #[doc(hidden)]
 pub use crate::api::key::fuzz_key;
 #[doc(hidden)]

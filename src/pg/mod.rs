@@ -24,6 +24,7 @@ use crate::store::builder::{check_common, invalid_config};
 use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
 
+mod effects;
 mod tls;
 
 /// The schema version this build migrates to.
@@ -149,6 +150,10 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED`, in the redb store's order (expiry, then
 /// stored key);
 /// concurrent sweepers skip each other's rows instead of waiting.
+///
+/// [`complete_with`](PgStore::complete_with) is one transaction: the fenced record is locked
+/// (`SELECT … FOR UPDATE`), the caller's statements run, the fenced `UPDATE` stores the
+/// response, and the transaction commits.
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three; every settling call is one.
@@ -660,6 +665,7 @@ struct Sql {
     select: String,
     takeover: String,
     complete: String,
+    lock: String,
     release: String,
     heartbeat: String,
     checkpoint: String,
@@ -714,6 +720,8 @@ impl Sql {
                  expires_at = c.now + $8::bigint \
                  FROM c WHERE {FENCE} RETURNING r.token"
             ),
+            // `complete_with`: holds the record while the caller's statements run.
+            lock: format!("{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"),
             release: format!("{NOW} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token"),
             heartbeat: format!(
                 "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
@@ -764,6 +772,7 @@ struct Statements {
     select: Statement,
     takeover: Statement,
     complete: Statement,
+    lock: Statement,
     release: Statement,
     heartbeat: Statement,
     checkpoint: Statement,
@@ -781,6 +790,7 @@ impl Statements {
             select: client.prepare(&sql.select)?,
             takeover: client.prepare(&sql.takeover)?,
             complete: client.prepare(&sql.complete)?,
+            lock: client.prepare(&sql.lock)?,
             release: client.prepare(&sql.release)?,
             heartbeat: client.prepare(&sql.heartbeat)?,
             checkpoint: client.prepare(&sql.checkpoint)?,
