@@ -12,6 +12,7 @@ use ::postgres::{Client, IsolationLevel, Row, Statement};
 use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
+use crate::WhenFull;
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
@@ -25,6 +26,7 @@ use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
 
 mod effects;
+mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
@@ -77,8 +79,9 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// Differences from the redb store: every call is a network round trip (see below);
 /// `Stats::file_bytes` is the table's total size on the server (indexes and TOAST included);
 /// `VerifyReport::expiry_entries` equals the record count, as PostgreSQL maintains the
-/// `expires_at` index itself; there are no quotas (`max_records`, `max_bytes`) and no group
-/// commit (PostgreSQL groups WAL flushes of concurrent commits itself). A pooled connection
+/// `expires_at` index itself; there is no group commit (PostgreSQL groups WAL flushes of
+/// concurrent commits itself); quotas may apply per scope, and are checked, not locked (see
+/// [`PgStoreBuilder::max_records`]). A pooled connection
 /// that the server dropped fails one call with [`Error::Storage`] and is then replaced.
 ///
 /// # TLS
@@ -172,6 +175,7 @@ pub struct PgStore {
     retention_ms: i64,
     /// The highest time an injected clock has shown; unused with the database's clock.
     high_water: AtomicU64,
+    limits: Option<quota::Limits>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -194,6 +198,10 @@ pub struct PgStoreBuilder {
     connection_timeout: Duration,
     schema: String,
     clock: Option<Arc<dyn Clock>>,
+    max_records: Option<u64>,
+    max_bytes: Option<u64>,
+    when_full: WhenFull,
+    per_scope_quotas: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -207,6 +215,10 @@ impl Default for PgStoreBuilder {
             connection_timeout: Duration::from_secs(30),
             schema: "public".to_owned(),
             clock: None,
+            max_records: None,
+            max_bytes: None,
+            when_full: WhenFull::Refuse,
+            per_scope_quotas: false,
         }
     }
 }
@@ -222,6 +234,10 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("schema", &self.schema)
             .field("injected_clock", &self.clock.is_some())
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .field("when_full", &self.when_full)
+            .field("per_scope_quotas", &self.per_scope_quotas)
             .finish()
     }
 }
@@ -290,6 +306,57 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The most records the table holds (any state, expired ones included until swept), or
+    /// with [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. A claim of a new
+    /// key beyond it first deletes expired records, then follows
+    /// [`when_full`](PgStoreBuilder::when_full), failing with [`Error::QuotaExceeded`] as the
+    /// redb store does. Defaults to no limit.
+    ///
+    /// The first store connecting with a quota turns usage counting on for its schema: a
+    /// trigger keeps per-scope counters (sharded, so that concurrent writers rarely wait on
+    /// one row) in `idempotency_usage`, and every writer of the schema maintains them from
+    /// then on, whatever its own settings. The check is made before the claim, not under a
+    /// lock: instances claiming new keys at the same moment can pass the limit by up to the
+    /// number of such claims in flight.
+    pub fn max_records(&mut self, records: u64) -> &mut Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// The most bytes of keys, scopes, fingerprints, checkpoints and responses (not counting
+    /// PostgreSQL's own overhead), in the table or with
+    /// [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. Checked when a new
+    /// key is claimed, as [`max_records`](PgStoreBuilder::max_records) is; completions are
+    /// never refused. Defaults to no limit.
+    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// What a claim of a new key does when a quota is reached. Defaults to
+    /// [`WhenFull::Refuse`].
+    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
+        self.when_full = policy;
+        self
+    }
+
+    /// Whether `max_records` and `max_bytes` apply to each scope (tenant) on its own, rather
+    /// than to the whole table; eviction then takes only the full scope's records. Defaults
+    /// to `false`.
+    pub fn per_scope_quotas(&mut self, per_scope: bool) -> &mut Self {
+        self.per_scope_quotas = per_scope;
+        self
+    }
+
+    fn limits(&self) -> Option<quota::Limits> {
+        (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            when_full: self.when_full,
+            per_scope: self.per_scope_quotas,
+        })
+    }
+
     /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
     /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates the schema (idempotently, under an advisory
     /// lock, so that instances starting together do not race) and opens the connection pool.
@@ -312,13 +379,14 @@ impl PgStoreBuilder {
         let manager = Manager {
             inner: PostgresConnectionManager::new(config, tls),
         };
-        let sql = Arc::new(Sql::new(&self.schema));
+        let limits = self.limits();
+        let sql = Arc::new(Sql::new(&self.schema, limits.is_some()));
         {
             // A connection of its own, so that a wrong address, password or certificate fails
             // at once with the server's answer rather than after the pool's timeout.
             let mut client = r2d2::ManageConnection::connect(&manager.inner)
                 .map_err(|e| pg(mode.context(), e))?;
-            migrate(&mut client, &self.schema)?;
+            migrate(&mut client, &self.schema, limits.is_some())?;
         }
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
@@ -334,6 +402,7 @@ impl PgStoreBuilder {
             retention_ms: capped(millis(self.retention), MAX_DURATION_MS),
             settings: self.clone(),
             high_water: AtomicU64::new(0),
+            limits,
         })
     }
 
@@ -467,6 +536,9 @@ impl IdempotencyStore for PgStore {
         let digest: &[u8] = fingerprint.digest();
         let version = i16::from(fingerprint.version());
         self.with_conn(|client, st| {
+            if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
+                quota::make_room(client, quota, limits, &|| self.now_param(), (scope, name))?;
+            }
             for _ in 0..CLAIM_ROUNDS {
                 let now = self.now_param();
                 let claim_params: [&(dyn ToSql + Sync); 7] = [
@@ -630,6 +702,9 @@ impl IdempotencyStore for PgStore {
                     "a record holds token {max_token}, above the last token issued ({issued})"
                 ));
             }
+            if let Some(quota) = &st.quota {
+                quota::check_usage(&mut txn, quota, &mut report.problems)?;
+            }
             txn.commit().map_err(|e| pg("verifying", e))?;
             report.expiry_entries = report.records;
             Ok(report)
@@ -674,10 +749,12 @@ struct Sql {
     verify: String,
     sequence: String,
     now: String,
+    /// With a quota only.
+    quota: Option<quota::Sql>,
 }
 
 impl Sql {
-    fn new(schema: &str) -> Sql {
+    fn new(schema: &str, quota: bool) -> Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
@@ -762,6 +839,7 @@ impl Sql {
             ),
             sequence: format!("SELECT last_value, is_called FROM {seq}"),
             now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
+            quota: quota.then(|| quota::Sql::new(&format!("\"{schema}\""))),
         }
     }
 }
@@ -781,6 +859,7 @@ struct Statements {
     verify: Statement,
     sequence: Statement,
     now: Statement,
+    quota: Option<quota::Statements>,
 }
 
 impl Statements {
@@ -799,6 +878,10 @@ impl Statements {
             verify: client.prepare(&sql.verify)?,
             sequence: client.prepare(&sql.sequence)?,
             now: client.prepare(&sql.now)?,
+            quota: match &sql.quota {
+                Some(quota) => Some(quota::Statements::prepare(client, quota)?),
+                None => None,
+            },
         })
     }
 }
@@ -889,8 +972,9 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per
-/// schema, so that instances starting together apply each migration exactly once.
-fn migrate(client: &mut Client, schema: &str) -> Result<()> {
+/// schema, so that instances starting together apply each migration exactly once; with
+/// `track_usage` (a store with a quota) also turns quota accounting on.
+fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
     const CONTEXT: &str = "migrating the PostgreSQL schema";
     let lock = {
         let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
@@ -967,6 +1051,9 @@ fn migrate(client: &mut Client, schema: &str) -> Result<()> {
             &[&version, &description],
         )
         .map_err(|e| pg(CONTEXT, e))?;
+    }
+    if track_usage {
+        quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
 }
