@@ -95,7 +95,7 @@ pub use crate::api::outcome::{Claim, Lease, Outcome, RecordState, RecordView, Re
 pub use crate::engine::record::Response;
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
-pub use crate::pg::{PgStore, PgStoreBuilder};
+pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
 pub use crate::store::admin::{ForceRelease, Records, StoredRecord};
 pub use crate::store::builder::{Builder, Durability, WhenFull};

@@ -13,6 +13,7 @@ use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::WhenFull;
+
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
@@ -24,7 +25,9 @@ use crate::error::{Error, Result};
 use crate::store::builder::{check_common, invalid_config};
 use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
+pub use admin::PgRecords;
 
+mod admin;
 mod effects;
 mod quota;
 mod tls;
