@@ -20,9 +20,10 @@ impl PgStore {
     /// the transaction is rolled back, no response is stored, the lease still holds, and the
     /// error comes back as `Ok(Err(e))`.
     ///
-    /// `effect` gets a [`postgres::Transaction`](::postgres::Transaction) on the store's
-    /// connection (the crate re-exports [`postgres`](crate::postgres) so the versions match),
-    /// at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
+    /// `effect` must be `Send`: inside a tokio runtime the call runs on a helper thread (see
+    /// [`PgStore`]'s section on async services). It gets a
+    /// [`postgres::Transaction`](::postgres::Transaction) on the store's connection (the crate
+    /// re-exports [`postgres`](crate::postgres) so the versions match), at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
     /// aborts the transaction, and the call then fails with [`Error::Storage`] when it stores
     /// the response, committing nothing.
     ///
@@ -60,7 +61,8 @@ impl PgStore {
         effect: F,
     ) -> Result<std::result::Result<(), E>>
     where
-        F: FnOnce(&mut Transaction<'_>) -> std::result::Result<(), E>,
+        E: Send,
+        F: FnOnce(&mut Transaction<'_>) -> std::result::Result<(), E> + Send,
     {
         self.check_size(response.size())?;
         let headers = postcard::to_allocvec(&response.headers)
@@ -125,9 +127,9 @@ impl PgStore {
     /// # Errors
     /// The outer result: [`Error::Storage`] if the transaction cannot start or end. The inner
     /// result: `read`'s own (the transaction is then rolled back).
-    pub fn read_with<T, E>(
+    pub fn read_with<T: Send, E: Send>(
         &self,
-        read: impl FnOnce(&mut Transaction<'_>) -> std::result::Result<T, E>,
+        read: impl FnOnce(&mut Transaction<'_>) -> std::result::Result<T, E> + Send,
     ) -> Result<std::result::Result<T, E>> {
         self.with_conn(|client, _| {
             let mut txn = client

@@ -28,6 +28,7 @@ use crate::store::view;
 pub use admin::PgRecords;
 
 mod admin;
+mod blocking;
 mod effects;
 mod quota;
 mod tls;
@@ -164,6 +165,16 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three; every settling call is one.
 ///
+/// # Async services
+///
+/// `PgStore` is synchronous (the `postgres` client, which drives its connection with a tokio
+/// runtime of its own). Building, calling and dropping it on a thread that runs a tokio
+/// runtime is safe: the store notices the runtime and does the blocking work on a short-lived
+/// helper thread (tens of microseconds per call) while the calling thread waits. The calling
+/// thread still waits for the database, so in an async service call the store from
+/// `tokio::task::spawn_blocking` so that the runtime's workers stay free; the helper thread
+/// is then spent as well, since tokio cannot tell its blocking pool from its workers.
+///
 /// # Time
 ///
 /// By default time comes from the database server (`clock_timestamp()`, evaluated once per
@@ -171,7 +182,8 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// given to the builder replaces it (for tests with [`ManualClock`](crate::ManualClock)): its
 /// time, never going backwards within one `PgStore`, is then passed to every statement.
 pub struct PgStore {
-    pool: r2d2::Pool<Manager>,
+    /// `None` only while the store is dropped.
+    pool: Option<r2d2::Pool<Manager>>,
     sql: Arc<Sql>,
     settings: PgStoreBuilder,
     lease_ms: i64,
@@ -179,6 +191,14 @@ pub struct PgStore {
     /// The highest time an injected clock has shown; unused with the database's clock.
     high_water: AtomicU64,
     limits: Option<quota::Limits>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // Closing a connection blocks on the client's own runtime, like every call.
+        let pool = self.pool.take();
+        blocking::off_runtime(move || drop(pool));
+    }
 }
 
 impl std::fmt::Debug for PgStore {
@@ -372,6 +392,10 @@ impl PgStoreBuilder {
     /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
     /// not create, or was migrated by a newer version of this crate.
     pub fn connect(&self, url: &str) -> Result<PgStore> {
+        blocking::off_runtime(|| self.connect_here(url))
+    }
+
+    fn connect_here(&self, url: &str) -> Result<PgStore> {
         self.validate()?;
         let tls::Connection {
             mut config,
@@ -399,7 +423,7 @@ impl PgStoreBuilder {
             .build(manager)
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
-            pool,
+            pool: Some(pool),
             sql,
             lease_ms: capped(millis(self.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.retention), MAX_DURATION_MS),
@@ -484,18 +508,29 @@ impl PgStore {
 
     /// Runs `body` on a pooled connection. A storage error marks the connection broken, so
     /// that the pool replaces it instead of handing a dead connection out again.
-    fn with_conn<T>(&self, body: impl FnOnce(&mut Client, &Statements) -> Result<T>) -> Result<T> {
-        let mut conn = self
-            .pool
-            .get()
-            .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
-        let result = conn
-            .parts(&self.sql)
-            .and_then(|(client, st)| body(client, st));
-        if matches!(result, Err(Error::Storage { .. })) {
-            conn.broken = true;
-        }
-        result
+    /// Inside a tokio runtime it runs on a helper thread (see `blocking`).
+    fn with_conn<T: Send>(
+        &self,
+        body: impl FnOnce(&mut Client, &Statements) -> Result<T> + Send,
+    ) -> Result<T> {
+        blocking::off_runtime(|| {
+            let pool = self.pool.as_ref().ok_or_else(|| {
+                Error::storage(
+                    "getting a PostgreSQL connection",
+                    std::io::Error::other("the store is being dropped"),
+                )
+            })?;
+            let mut conn = pool
+                .get()
+                .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
+            let result = conn
+                .parts(&self.sql)
+                .and_then(|(client, st)| body(client, st));
+            if matches!(result, Err(Error::Storage { .. })) {
+                conn.broken = true;
+            }
+            result
+        })
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {

@@ -196,7 +196,7 @@ pub(crate) fn make_room(
     client: &mut Client,
     st: &Statements,
     limits: &Limits,
-    now: &dyn Fn() -> Option<i64>,
+    now: &(dyn Fn() -> Option<i64> + Sync),
     (scope, name): (&str, &str),
 ) -> Result<()> {
     let counted = limits.per_scope.then_some(scope);
