@@ -1,7 +1,11 @@
 //! Load test: durable claim+complete pairs, replays and a mixed load, for this store against
 //! SQLite (WAL, `synchronous=FULL`) and the raw `fdatasync` rate of the disk, in one process.
 //! Built with `--features postgres` and run with `IDEMPOTENCY_PG_URL` set, it also measures
-//! `PgStore` (one pooled connection per thread, a fresh schema per cell) as system `postgres`.
+//! `PgStore` (one pooled connection per thread, a fresh schema per cell) as system `postgres`
+//! (`sslmode=disable`) and `postgres-tls` (`sslmode=require`), and as `pg-probe` the seed
+//! schema's plain statements on the same server (pairs only: per pair an autocommit
+//! `INSERT … ON CONFLICT DO NOTHING RETURNING` and an `UPDATE`, both prepared, one connection
+//! per thread, no TLS), the floor `PgStore`'s fencing and fingerprints are measured against.
 //!
 //! ```text
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
@@ -15,8 +19,8 @@
 //! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
 //! first open after that crash, for each `Durability`.
 //!
-//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `postgres`,
-//! `store-quickrepair`, `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
+//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `postgres`, `postgres-tls`,
+//! `pg-probe`, `store-quickrepair`, `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
 //! (or no system is) and its workload is named (or no workload is).
 //! Every run prints a table, then one line starting `JSON: ` with every figure.
 //!
@@ -1115,7 +1119,7 @@ fn fdatasync_rate(dir: &Path, secs: f64, pages: u64) -> Res<(f64, Option<Lat>)> 
 fn systems() -> Vec<&'static str> {
     let mut systems = vec!["store", "store-nogc", "sqlite-full", "log-bound"];
     if pg_url().is_some() {
-        systems.push("postgres");
+        systems.extend(["postgres", "postgres-tls", "pg-probe"]);
     }
     systems
 }
@@ -1129,11 +1133,25 @@ fn pg_url() -> Option<String> {
     }
 }
 
-#[cfg(feature = "postgres")]
-fn open_pg(cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+/// `IDEMPOTENCY_PG_URL` with `sslmode` set, in whichever of the two formats it is written.
+fn pg_url_with(sslmode: &str) -> Res<String> {
     let url = pg_url().ok_or("IDEMPOTENCY_PG_URL is not set")?;
+    Ok(if url.starts_with("postgres") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}sslmode={sslmode}")
+    } else {
+        format!("{url} sslmode={sslmode}")
+    })
+}
+
+/// Connections per pool: more than the most threads of any cell.
+const PG_POOL: u32 = 70;
+
+#[cfg(feature = "postgres")]
+fn open_pg(cell: u64, tls: bool) -> Res<Box<dyn IdempotencyStore>> {
+    let url = pg_url_with(if tls { "require" } else { "disable" })?;
     let store = idempotency_store::PgStore::builder()
-        .pool_size(70)
+        .pool_size(PG_POOL)
         .schema(format!("loadtest_{}_{cell}", std::process::id()))
         .connect(&url)
         .map_err(|e| err("connecting to PostgreSQL", e))?;
@@ -1141,8 +1159,121 @@ fn open_pg(cell: u64) -> Res<Box<dyn IdempotencyStore>> {
 }
 
 #[cfg(not(feature = "postgres"))]
-fn open_pg(_cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+fn open_pg(_cell: u64, _tls: bool) -> Res<Box<dyn IdempotencyStore>> {
     Err("this build has no PostgreSQL backend: use --features postgres".into())
+}
+
+// --- the seed schema's statements on PostgreSQL (the probe of BENCHMARKS.md)
+
+#[cfg(feature = "postgres")]
+struct PgProbe {
+    url: String,
+    table: String,
+    cell: u64,
+    body: Vec<u8>,
+}
+
+#[cfg(feature = "postgres")]
+impl PgProbe {
+    fn create(cell: u64) -> Res<Self> {
+        let url = pg_url_with("disable")?;
+        let schema = format!("loadprobe_{}_{cell}", std::process::id());
+        let table = format!("\"{schema}\".idempotency_keys");
+        let mut client = postgres::Client::connect(&url, postgres::NoTls)
+            .map_err(|e| err("connecting to PostgreSQL", e))?;
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\"; \
+                 CREATE TABLE {table} (key text PRIMARY KEY, status text NOT NULL, \
+                     request_hash bytea NOT NULL, response_status integer, response_body bytea, \
+                     created_at timestamptz NOT NULL DEFAULT now(), \
+                     expires_at timestamptz NOT NULL); \
+                 CREATE INDEX ON {table} (expires_at);"
+            ))
+            .map_err(|e| err("creating the probe's table", e))?;
+        Ok(PgProbe {
+            url,
+            table,
+            cell,
+            body: body(),
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgProbe {
+    fn drop(&mut self) {
+        if let Ok(mut client) = postgres::Client::connect(&self.url, postgres::NoTls) {
+            let schema = self.table.trim_end_matches(".idempotency_keys");
+            let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+struct PgProbeClient<'a> {
+    probe: &'a PgProbe,
+    client: postgres::Client,
+    insert: postgres::Statement,
+    update: postgres::Statement,
+    fresh: Fresh,
+}
+
+#[cfg(feature = "postgres")]
+impl System for PgProbe {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>> {
+        let mut client = postgres::Client::connect(&self.url, postgres::NoTls)
+            .map_err(|e| err("connecting to PostgreSQL", e))?;
+        let insert = client
+            .prepare(&format!(
+                "INSERT INTO {} (key, status, request_hash, expires_at) \
+                 VALUES ($1, 'in_progress', $2, now() + interval '1 day') \
+                 ON CONFLICT (key) DO NOTHING RETURNING status",
+                self.table
+            ))
+            .map_err(|e| err("prepare", e))?;
+        let update = client
+            .prepare(&format!(
+                "UPDATE {} SET status = 'completed', response_status = $2, response_body = $3 \
+                 WHERE key = $1 AND status = 'in_progress'",
+                self.table
+            ))
+            .map_err(|e| err("prepare", e))?;
+        Ok(Box::new(PgProbeClient {
+            probe: self,
+            client,
+            insert,
+            update,
+            fresh: fresh_for(thread, self.cell),
+        }))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Client for PgProbeClient<'_> {
+    fn pair(&mut self) -> Res<()> {
+        let name = self.fresh.next();
+        let hash = fingerprint_of(&name).digest().to_vec();
+        let claimed = self
+            .client
+            .query_opt(&self.insert, &[&name, &hash])
+            .map_err(|e| err("probe insert", e))?;
+        if claimed.is_none() {
+            return Err(format!("fresh key {name} not inserted"));
+        }
+        let updated = self
+            .client
+            .execute(&self.update, &[&name, &200i32, &self.probe.body])
+            .map_err(|e| err("probe update", e))?;
+        if updated != 1 {
+            return Err(format!("fresh key {name} not updated"));
+        }
+        Ok(())
+    }
+
+    fn replay(&mut self) -> Res<()> {
+        Err("pg-probe measures pairs only".into())
+    }
 }
 
 struct Runner<'a> {
@@ -1173,9 +1304,11 @@ impl Runner<'_> {
         let dir = fresh_dir(&self.base, system)?;
         let cell = CELL.fetch_add(1, Ordering::Relaxed);
         match system {
-            "postgres" => {
+            #[cfg(feature = "postgres")]
+            "pg-probe" => f(&PgProbe::create(cell)?),
+            "postgres" | "postgres-tls" => {
                 let sys = StoreSys {
-                    store: open_pg(cell)?,
+                    store: open_pg(cell, system == "postgres-tls")?,
                     set: Arc::clone(&self.set),
                     cell,
                     body: body(),
@@ -1321,7 +1454,7 @@ impl Runner<'_> {
 const WORKLOADS: [&str; 3] = ["pairs", "replay", "mixed"];
 
 fn wanted(only: &[String], system: &str, workload: &str) -> bool {
-    if system == "log-bound" && workload != "pairs" {
+    if matches!(system, "log-bound" | "pg-probe") && workload != "pairs" {
         return false;
     }
     let (workloads, systems): (Vec<&String>, Vec<&String>) =

@@ -96,21 +96,26 @@ pub use crate::api::outcome::{
 };
 pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
 pub use crate::api::response::Response;
-pub use crate::api::settings::Settings;
+pub use crate::api::settings::{Settings, WhenFull};
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
-pub use crate::pg::{PgStore, PgStoreBuilder};
+pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
 pub use crate::store::admin::Records;
 #[allow(deprecated)]
 pub use crate::store::builder::Builder;
-pub use crate::store::builder::{Durability, StoreBuilder, WhenFull};
+pub use crate::store::builder::{Durability, StoreBuilder};
 pub use crate::store::sweep::Sweeper;
 
 /// The redb this crate stores in, for [`Store::complete_with`]'s own tables. Supported: redb
 /// `>= 4.6, < 5` (the requirement `redb = "4.6"`; the test suite runs on 4.6.0, the newest 4.x
 /// release), so an application on any of those versions shares one copy with this crate.
 pub use redb;
+
+/// The `postgres` client version [`PgStore`] uses, for the transactions of
+/// [`PgStore::complete_with`] and [`PgStore::read_with`].
+#[cfg(feature = "postgres")]
+pub use postgres;
 
 // Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.
 #[cfg(feature = "__test-hooks")]

@@ -10,6 +10,13 @@
 //!   and take each of the dead process's keys over exactly once, and only once its lease has
 //!   lapsed by the database's clock.
 //!
+//! - `payers_mixing_complete_with_and_complete_charge_each_key_once`: eight processes race for
+//!   the same 200 keys; a third of the keys are completed with `complete`, the others with
+//!   `complete_with` writing a ledger row in the same transaction (odd processes decline one
+//!   kind of key, roll back and release it for another process). The ledger then holds
+//!   exactly one row per key completed with `complete_with`, written by the process whose
+//!   response is stored, and none for the others.
+//!
 //! Needs `IDEMPOTENCY_PG_URL` (skipped with a printed reason without it, failed under
 //! `CI=true`).
 #![cfg(feature = "postgres")]
@@ -33,6 +40,9 @@ const MARK: &str = "@@ ";
 
 const RACE_PROCESSES: usize = 4;
 const RACE_KEYS: usize = 200;
+
+const PAY_PROCESSES: usize = 8;
+const PAY_KEYS: usize = 200;
 
 const KILL_KEYS: usize = 40;
 /// The victim is killed after this many acquired claims.
@@ -127,6 +137,7 @@ fn pg_child_process() -> Result<()> {
         "racer" => racer(&store, &name),
         "victim" => victim(&store),
         "survivor" => survivor(&store, &name),
+        "payer" => payer(&store, &schema, &name),
         other => panic!("unknown child role {other:?}"),
     }
 }
@@ -212,6 +223,62 @@ fn survivor(store: &PgStore, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Pays every `pay-*` key until each is completed (by anyone): keys `i % 3 == 0` with
+/// `complete`, the others with `complete_with` and a ledger row; odd processes decline keys
+/// `i % 3 == 2` (the row is rolled back, the key released). Reports `P i` (plain), `W i`
+/// (with the ledger row) and `F i` (declined).
+fn payer(store: &PgStore, schema: &str, name: &str) -> Result<()> {
+    let insert = format!("INSERT INTO \"{schema}\".ledger (key, payer) VALUES ($1, $2)");
+    let p: usize = name[1..].parse().expect("payer number");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut open: BTreeSet<usize> = (0..PAY_KEYS).collect();
+    while !open.is_empty() && Instant::now() < deadline {
+        // Each process starts elsewhere in the key space, so the races spread out.
+        let order: Vec<usize> = (0..PAY_KEYS)
+            .map(|n| (n + p * PAY_KEYS / PAY_PROCESSES) % PAY_KEYS)
+            .filter(|i| open.contains(i))
+            .collect();
+        for i in order {
+            let key_name = format!("pay-{i}");
+            let key = Key::new(&key_name)?;
+            match store.claim(&key, fingerprint(&key_name))? {
+                Claim::Acquired(lease) if i % 3 == 0 => {
+                    store.complete(&lease, Response::new(200, name))?;
+                    say(&format!("P {i}"));
+                    open.remove(&i);
+                }
+                Claim::Acquired(lease) => {
+                    let decline = i % 3 == 2 && p % 2 == 1;
+                    let outcome = store.complete_with(&lease, Response::new(201, name), |tx| {
+                        tx.execute(insert.as_str(), &[&key_name, &name])
+                            .map_err(|e| e.to_string())?;
+                        if decline {
+                            Err("declined".to_owned())
+                        } else {
+                            Ok(())
+                        }
+                    })?;
+                    if outcome.is_ok() {
+                        say(&format!("W {i}"));
+                        open.remove(&i);
+                    } else {
+                        store.release(&lease)?;
+                        say(&format!("F {i}"));
+                    }
+                }
+                Claim::InProgress { .. } => {}
+                Claim::Completed(_) => {
+                    open.remove(&i);
+                }
+                Claim::Mismatch { .. } => panic!("pay-{i}: mismatch"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    say(if open.is_empty() { "done" } else { "timeout" });
+    Ok(())
+}
+
 // ---------------------------------------------------------------- the parent
 
 /// A running child and the lines it has marked for the parent.
@@ -286,6 +353,15 @@ impl Instance {
     }
 }
 
+/// One scenario at a time: each starts up to eight processes on two cores, and the SIGKILL
+/// scenario's survivors must get going within its 3 s lease.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SCENARIO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SCENARIO
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn fields(line: &str) -> Vec<u64> {
     line.split(' ')
         .skip(1)
@@ -299,6 +375,7 @@ fn racing_processes_acquire_each_key_exactly_once() -> Result<()> {
         return Ok(());
     }
     let Some(url) = url() else { return Ok(()) };
+    let _scenario = one_at_a_time();
     let schema = Schema::new(url.clone(), "race");
     // All processes connect at once, so they race the migration as well.
     let mut racers: Vec<Instance> = (0..RACE_PROCESSES)
@@ -368,6 +445,7 @@ fn a_killed_holder_is_taken_over_only_after_its_lease() -> Result<()> {
         return Ok(());
     }
     let Some(url) = url() else { return Ok(()) };
+    let _scenario = one_at_a_time();
     let schema = Schema::new(url.clone(), "kill");
     let check = store(&url, &schema.name, KILL_LEASE_MS)?;
 
@@ -485,6 +563,101 @@ fn a_killed_holder_is_taken_over_only_after_its_lease() -> Result<()> {
     );
     let stats = check.stats()?;
     assert_eq!((stats.completed, stats.in_progress), (KILL_KEYS as u64, 0));
+    assert!(check.verify()?.is_clean());
+    Ok(())
+}
+
+#[test]
+fn payers_mixing_complete_with_and_complete_charge_each_key_once() -> Result<()> {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return Ok(());
+    }
+    let Some(url) = url() else { return Ok(()) };
+    let _scenario = one_at_a_time();
+    let schema = Schema::new(url.clone(), "pay");
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".ledger (key text NOT NULL, payer text NOT NULL)",
+            schema.name
+        ))
+        .expect("ledger table");
+    let mut payers: Vec<Instance> = (0..PAY_PROCESSES)
+        .map(|p| Instance::spawn("payer", &format!("p{p}"), &url, &schema.name))
+        .collect();
+    for payer in &payers {
+        payer.wait_ready();
+    }
+    for payer in &mut payers {
+        payer.go();
+    }
+    // key -> the processes that completed it, with or without a ledger row
+    let mut with_row: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut plain: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut declined = 0;
+    for (p, payer) in payers.into_iter().enumerate() {
+        let lines = payer.finish();
+        assert_eq!(lines.last().map(String::as_str), Some("done"), "payer {p}");
+        for line in &lines[..lines.len() - 1] {
+            let i = usize::try_from(fields(line)[0]).expect("key index");
+            match &line[..1] {
+                "W" => with_row.entry(i).or_default().push(format!("p{p}")),
+                "P" => plain.entry(i).or_default().push(format!("p{p}")),
+                "F" => declined += 1,
+                _ => panic!("payer {p}: {line}"),
+            }
+        }
+    }
+    let rows = admin
+        .query(
+            &format!("SELECT key, payer FROM \"{}\".ledger", schema.name),
+            &[],
+        )
+        .expect("ledger");
+    let mut ledger: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in &rows {
+        ledger.entry(row.get(0)).or_default().push(row.get(1));
+    }
+    println!(
+        "multi-process complete_with: {PAY_PROCESSES} processes x {PAY_KEYS} keys: {} \
+         completed with a ledger row, {} with complete, {declined} declined and rolled back; \
+         {} ledger rows",
+        with_row.len(),
+        plain.len(),
+        rows.len()
+    );
+    assert!(
+        declined > 0,
+        "no effect was declined: the rollback path was not exercised"
+    );
+    let charges: usize = with_row.values().map(Vec::len).sum();
+    assert_eq!(rows.len(), charges, "ledger rows != charges reported");
+    let check = store(&url, &schema.name, 60_000)?;
+    for i in 0..PAY_KEYS {
+        let key = format!("pay-{i}");
+        let view = check.lookup(&Key::new(&key)?)?.expect("record");
+        let RecordState::Completed { response, .. } = view.state else {
+            panic!("{key} not completed");
+        };
+        let completer = String::from_utf8(response.body).expect("utf-8");
+        if i % 3 == 0 {
+            assert_eq!(plain.get(&i), Some(&vec![completer]), "{key}");
+            assert_eq!(with_row.get(&i), None, "{key}");
+            assert_eq!(
+                ledger.get(&key),
+                None,
+                "{key}: a ledger row without complete_with"
+            );
+        } else {
+            assert_eq!(plain.get(&i), None, "{key}");
+            assert_eq!(with_row.get(&i), Some(&vec![completer.clone()]), "{key}");
+            assert_eq!(
+                ledger.get(&key),
+                Some(&vec![completer]),
+                "{key}: exactly one ledger row, by the process whose response is stored"
+            );
+        }
+    }
     assert!(check.verify()?.is_clean());
     Ok(())
 }

@@ -102,3 +102,16 @@ pub(crate) fn invalid_config<T>(reason: &str) -> Result<T> {
         reason: reason.to_owned(),
     })
 }
+
+/// What a claim of a new key does when the store is at its `max_records` or `max_bytes`
+/// quota (after deleting expired records, which is always done first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Refuse the claim with [`Error::QuotaExceeded`]: fail closed. The default.
+    #[default]
+    Refuse,
+    /// Delete the oldest completed records to make room. Their keys then run afresh if
+    /// retried, so opt in only where that is acceptable. In-progress records are never evicted.
+    EvictOldestCompleted,
+}

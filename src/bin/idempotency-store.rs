@@ -1,4 +1,4 @@
-//! `idempotency-store`: the operator CLI for an idempotency-store file.
+//! `idempotency-store`: the operator CLI for an idempotency-store file or PostgreSQL table.
 //!
 //! ```text
 //! idempotency-store stats   PATH
@@ -18,6 +18,12 @@
 //! The file is never created: a missing path is an error. The file must not be open elsewhere
 //! (a running service holds it): stop the service, or work on a copy.
 //!
+//! PATH may instead be a `postgres://` or `postgresql://` URL (TLS by its `sslmode`, as
+//! `PgStore` reads it): every command then works on that database's `PgStore` table (in the
+//! schema given by `--schema`, default `public`), with the same output and exit codes. The
+//! database is shared with the running services, so nothing needs stopping; `list` and
+//! `export` walk the table in key order.
+//!
 //! Exit codes: 0 done; 1 done, but the answer is a problem (`verify` found problems or the file
 //! is damaged, `list`/`export` skipped damaged records, `get` found no record); 2 could not do
 //! it (usage error, missing file, file already open, unreadable store, `release` refused or
@@ -32,8 +38,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use idempotency_store::{
-    Error, ForceRelease, Key, RecordState, RecordView, SWEEP_BATCH, Stats, Store, Timestamp,
-    VerifyReport,
+    Error, ForceRelease, IdempotencyStore, Key, PgStore, RecordState, RecordView, SWEEP_BATCH,
+    Stats, Store, Timestamp, VerifyReport,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
@@ -47,7 +53,7 @@ const SHOW_TEXT: usize = 1000;
 #[command(
     name = "idempotency-store",
     version,
-    about = "Inspect and maintain an idempotency-store file",
+    about = "Inspect and maintain an idempotency-store file (or PostgreSQL table: PATH = postgres://…)",
     after_help = "Exit codes: 0 done; 1 problems found (verify, damaged records skipped, get: no \
                   record); 2 could not do it (usage, missing file, already open, refused).\n\
                   The file is never created, and must not be open in a running service."
@@ -56,6 +62,9 @@ struct Cli {
     /// Print JSON for scripts instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// With a `postgres://` URL as PATH: the PostgreSQL schema holding the store's table.
+    #[arg(long, global = true, default_value = "public")]
+    schema: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -207,6 +216,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Outcome {
+    let _ = SCHEMA.set(cli.schema.clone());
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let code = match &cli.command {
@@ -280,7 +290,7 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option<&str>) -> Outcome {
     let key = make_key(key, scope)?;
     let store = open(path)?;
-    let now = store.now();
+    let now = store.now().map_err(|e| store_fail(path, &e))?;
     let Some(record) = store.inspect(&key).map_err(|e| store_fail(path, &e))? else {
         return Err(fail(
             EXIT_PROBLEM,
@@ -376,7 +386,7 @@ fn list(
         ));
     }
     let store = open(path)?;
-    let now = store.now();
+    let now = store.now().map_err(|e| store_fail(path, &e))?;
     let limit = limit.unwrap_or(usize::MAX);
     let mut shown = Vec::new();
     let mut more = false;
@@ -473,7 +483,7 @@ fn release(
 ) -> Outcome {
     let key = make_key(key, scope)?;
     let store = open(path)?;
-    let now = store.now();
+    let now = store.now().map_err(|e| store_fail(path, &e))?;
     let record = store.inspect(&key).map_err(|e| store_fail(path, &e))?;
     let Some(record) = record.filter(|r| r.expires_at > now) else {
         return Err(fail(
@@ -607,7 +617,7 @@ fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
             EXIT_FAILED,
             format!(
                 "{}: {} (after deleting {total} expired records)",
-                path.display(),
+                shown_path(path),
                 describe(&err)
             ),
         ));
@@ -621,10 +631,15 @@ fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 }
 
 fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    check_exists(path)?;
-    // A file that does not open as a store, or a walk that meets damage, is a problem with
-    // the file (exit 1); a file that cannot be looked at (already open, I/O) is not (exit 2).
-    let walked = Store::open(path).and_then(|store| store.verify());
+    // A store that does not open as one, or a walk that meets damage, is a problem with the
+    // store (exit 1); one that cannot be looked at (already open, I/O) is not (exit 2).
+    let walked = match postgres_url(path) {
+        Some(url) => pg_store(url).and_then(|store| store.verify()),
+        None => {
+            check_exists(path)?;
+            Store::open(path).and_then(|store| store.verify())
+        }
+    };
     let opened = walked.is_ok();
     let report = match walked {
         Ok(report) => report,
@@ -683,14 +698,18 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         let n = report.problems.len();
         Err(fail(
             EXIT_PROBLEM,
-            format!("{}: {n} problem{} found", path.display(), plural(n as u64)),
+            format!(
+                "{}: {n} problem{} found",
+                shown_path(path),
+                plural(n as u64)
+            ),
         ))
     }
 }
 
 fn export(out: &mut dyn Write, path: &Path) -> Outcome {
     let store = open(path)?;
-    let now = store.now();
+    let now = store.now().map_err(|e| store_fail(path, &e))?;
     let mut damaged = 0u64;
     for item in store.records().map_err(|e| store_fail(path, &e))? {
         match item {
@@ -722,9 +741,116 @@ fn check_exists(path: &Path) -> Result<(), Fail> {
     }
 }
 
-fn open(path: &Path) -> Result<Store, Fail> {
+/// The PostgreSQL schema (`--schema`), for stores opened from a URL.
+static SCHEMA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// An opened store: a file, or a table on a PostgreSQL server.
+enum Target {
+    File(Box<Store>),
+    Pg(Box<PgStore>),
+}
+
+/// One record with its key, as `list` and `export` walk them.
+struct Entry {
+    key: Key,
+    record: RecordView,
+}
+
+type Walk<'a> = Box<dyn Iterator<Item = Result<Entry, Error>> + 'a>;
+
+impl std::ops::Deref for Target {
+    type Target = dyn IdempotencyStore;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Target::File(store) => &**store,
+            Target::Pg(store) => &**store,
+        }
+    }
+}
+
+impl Target {
+    fn now(&self) -> Result<Timestamp, Error> {
+        match self {
+            Target::File(store) => Ok(store.now()),
+            Target::Pg(store) => store.now(),
+        }
+    }
+
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>, Error> {
+        match self {
+            Target::File(store) => store.inspect(key),
+            Target::Pg(store) => store.inspect(key),
+        }
+    }
+
+    fn force_release(&self, key: &Key) -> Result<ForceRelease, Error> {
+        match self {
+            Target::File(store) => store.force_release(key),
+            Target::Pg(store) => store.force_release(key),
+        }
+    }
+
+    fn records(&self) -> Result<Walk<'_>, Error> {
+        Ok(match self {
+            Target::File(store) => Box::new(store.records()?.map(|item| {
+                item.map(|e| Entry {
+                    key: e.key,
+                    record: e.record,
+                })
+            })),
+            Target::Pg(store) => Box::new(
+                store
+                    .records()?
+                    .map(|item| item.map(|(key, record)| Entry { key, record })),
+            ),
+        })
+    }
+}
+
+/// `path` as a PostgreSQL URL, if it is one.
+fn postgres_url(path: &Path) -> Option<&str> {
+    path.to_str()
+        .filter(|p| p.starts_with("postgres://") || p.starts_with("postgresql://"))
+}
+
+fn pg_store(url: &str) -> Result<PgStore, Error> {
+    let schema = SCHEMA.get().map_or("public", String::as_str);
+    PgStore::builder()
+        .schema(schema)
+        .pool_size(1)
+        .connection_timeout(Duration::from_secs(10))
+        .connect(url)
+}
+
+fn open(path: &Path) -> Result<Target, Fail> {
+    if let Some(url) = postgres_url(path) {
+        return pg_store(url)
+            .map(|store| Target::Pg(Box::new(store)))
+            .map_err(|e| store_fail(path, &e));
+    }
     check_exists(path)?;
-    Store::open(path).map_err(|e| store_fail(path, &e))
+    Store::open(path)
+        .map(|store| Target::File(Box::new(store)))
+        .map_err(|e| store_fail(path, &e))
+}
+
+/// `path` for messages: a URL without its password.
+fn shown_path(path: &Path) -> String {
+    let Some(url) = postgres_url(path) else {
+        return path.display().to_string();
+    };
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split_once(':').map_or(user, |(name, _)| name);
+            format!("{user}@{host}")
+        }
+        None => authority.to_owned(),
+    };
+    let tail = tail.split_once('?').map_or(tail, |(t, _)| t);
+    format!("{scheme}://{authority}/{tail}")
 }
 
 fn store_fail(path: &Path, err: &Error) -> Fail {
@@ -734,7 +860,7 @@ fn store_fail(path: &Path, err: &Error) -> Fail {
              stop it, or run this on a copy of the file",
             path.display()
         ),
-        other => format!("{}: {}", path.display(), describe(other)),
+        other => format!("{}: {}", shown_path(path), describe(other)),
     };
     fail(EXIT_FAILED, message)
 }

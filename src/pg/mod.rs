@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ::postgres::types::{FromSql, ToSql};
-use ::postgres::{Client, Config, IsolationLevel, NoTls, Row, Statement};
+use ::postgres::{Client, IsolationLevel, Row, Statement};
+use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::api::backend::IdempotencyStore;
@@ -19,8 +20,15 @@ use crate::api::outcome::{Claim, Lease, RecordView};
 use crate::api::record::{Record, State, Verdict, verdict};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
-use crate::api::settings::{Settings, invalid_config};
+use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::error::{Error, Result};
+pub use admin::PgRecords;
+
+mod admin;
+mod blocking;
+mod effects;
+mod quota;
+mod tls;
 
 /// The schema version this build migrates to.
 const SCHEMA_VERSION: i32 = 1;
@@ -72,10 +80,28 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// Differences from the redb store: every call is a network round trip (see below);
 /// `Stats::file_bytes` is the table's total size on the server (indexes and TOAST included);
 /// `VerifyReport::expiry_entries` equals the record count, as PostgreSQL maintains the
-/// `expires_at` index itself; there are no quotas (`max_records`, `max_bytes`) and no group
-/// commit (PostgreSQL groups WAL flushes of concurrent commits itself). Connections are plain
-/// TCP without TLS (`NoTls`): use a local socket or a trusted network. A pooled connection that
-/// the server dropped fails one call with [`Error::Storage`] and is then replaced.
+/// `expires_at` index itself; there is no group commit (PostgreSQL groups WAL flushes of
+/// concurrent commits itself); quotas may apply per scope, and are checked, not locked (see
+/// [`PgStoreBuilder::max_records`]). A pooled connection
+/// that the server dropped fails one call with [`Error::Storage`] and is then replaced.
+///
+/// # TLS
+///
+/// The connection string's `sslmode` decides, as in libpq: `disable` (plain TCP), `prefer`
+/// (the default: TLS if the server offers it), `require` (TLS, certificate not checked),
+/// `verify-ca` (the certificate must chain to a trusted root) and `verify-full` (and also name
+/// the host or IP address connected to). `sslrootcert` names a PEM file holding the trusted
+/// roots (replacing the system's; `require` with such a file checks the chain, as libpq does);
+/// without it, or with `sslrootcert=system`, the system's roots are trusted. TLS is
+/// `native-tls` (OpenSSL on Linux).
+///
+/// ```no_run
+/// # use idempotency_store::PgStore;
+/// let store = PgStore::connect(
+///     "postgresql://idem:idem@db.internal/idem?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
+/// )?;
+/// # Ok::<(), idempotency_store::Error>(())
+/// ```
 ///
 /// # Schema
 ///
@@ -129,8 +155,22 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// with ties by key here (the redb store breaks them by key hash); concurrent sweepers skip
 /// each other's rows instead of waiting.
 ///
+/// [`complete_with`](PgStore::complete_with) is one transaction: the fenced record is locked
+/// (`SELECT … FOR UPDATE`), the caller's statements run, the fenced `UPDATE` stores the
+/// response, and the transaction commits.
+///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three; every settling call is one.
+///
+/// # Async services
+///
+/// `PgStore` is synchronous (the `postgres` client, which drives its connection with a tokio
+/// runtime of its own). Building, calling and dropping it on a thread that runs a tokio
+/// runtime is safe: the store notices the runtime and does the blocking work on a short-lived
+/// helper thread (tens of microseconds per call) while the calling thread waits. The calling
+/// thread still waits for the database, so in an async service call the store from
+/// `tokio::task::spawn_blocking` so that the runtime's workers stay free; the helper thread
+/// is then spent as well, since tokio cannot tell its blocking pool from its workers.
 ///
 /// # Time
 ///
@@ -139,13 +179,23 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// given to the builder replaces it (for tests with [`ManualClock`](crate::ManualClock)): its
 /// time, never going backwards within one `PgStore`, is then passed to every statement.
 pub struct PgStore {
-    pool: r2d2::Pool<Manager>,
+    /// `None` only while the store is dropped.
+    pool: Option<r2d2::Pool<Manager>>,
     sql: Arc<Sql>,
     settings: PgStoreBuilder,
     lease_ms: i64,
     retention_ms: i64,
     /// The highest time an injected clock has shown; unused with the database's clock.
     high_water: AtomicU64,
+    limits: Option<quota::Limits>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // Closing a connection blocks on the client's own runtime, like every call.
+        let pool = self.pool.take();
+        blocking::off_runtime(move || drop(pool));
+    }
 }
 
 impl std::fmt::Debug for PgStore {
@@ -165,6 +215,10 @@ pub struct PgStoreBuilder {
     connection_timeout: Duration,
     schema: String,
     clock: Option<Arc<dyn Clock>>,
+    max_records: Option<u64>,
+    max_bytes: Option<u64>,
+    when_full: WhenFull,
+    per_scope_quotas: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -175,6 +229,10 @@ impl Default for PgStoreBuilder {
             connection_timeout: Duration::from_secs(30),
             schema: "public".to_owned(),
             clock: None,
+            max_records: None,
+            max_bytes: None,
+            when_full: WhenFull::Refuse,
+            per_scope_quotas: false,
         }
     }
 }
@@ -187,6 +245,10 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("schema", &self.schema)
             .field("injected_clock", &self.clock.is_some())
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .field("when_full", &self.when_full)
+            .field("per_scope_quotas", &self.per_scope_quotas)
             .finish()
     }
 }
@@ -256,31 +318,91 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The most records the table holds (any state, expired ones included until swept), or
+    /// with [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. A claim of a new
+    /// key beyond it first deletes expired records, then follows
+    /// [`when_full`](PgStoreBuilder::when_full), failing with [`Error::QuotaExceeded`] as the
+    /// redb store does. Defaults to no limit.
+    ///
+    /// The first store connecting with a quota turns usage counting on for its schema: a
+    /// trigger keeps per-scope counters (sharded, so that concurrent writers rarely wait on
+    /// one row) in `idempotency_usage`, and every writer of the schema maintains them from
+    /// then on, whatever its own settings. The check is made before the claim, not under a
+    /// lock: instances claiming new keys at the same moment can pass the limit by up to the
+    /// number of such claims in flight.
+    pub fn max_records(&mut self, records: u64) -> &mut Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// The most bytes of keys, scopes, fingerprints, checkpoints and responses (not counting
+    /// PostgreSQL's own overhead), in the table or with
+    /// [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. Checked when a new
+    /// key is claimed, as [`max_records`](PgStoreBuilder::max_records) is; completions are
+    /// never refused. Defaults to no limit.
+    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// What a claim of a new key does when a quota is reached. Defaults to
+    /// [`WhenFull::Refuse`].
+    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
+        self.when_full = policy;
+        self
+    }
+
+    /// Whether `max_records` and `max_bytes` apply to each scope (tenant) on its own, rather
+    /// than to the whole table; eviction then takes only the full scope's records. Defaults
+    /// to `false`.
+    pub fn per_scope_quotas(&mut self, per_scope: bool) -> &mut Self {
+        self.per_scope_quotas = per_scope;
+        self
+    }
+
+    fn limits(&self) -> Option<quota::Limits> {
+        (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            when_full: self.when_full,
+            per_scope: self.per_scope_quotas,
+        })
+    }
+
     /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
-    /// string, without TLS), creates or migrates the schema (idempotently, under an advisory
+    /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates the schema (idempotently, under an advisory
     /// lock, so that instances starting together do not race) and opens the connection pool.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for an out-of-range setting or an unparsable `url`;
-    /// [`Error::Storage`] if the server cannot be reached or the migration fails;
+    /// [`Error::InvalidConfig`] for an out-of-range setting, an unparsable `url` or an
+    /// unreadable `sslrootcert`; [`Error::Storage`] if the server cannot be reached, the TLS
+    /// handshake or certificate check fails (the message names the `sslmode`) or the migration
+    /// fails;
     /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
     /// not create, or was migrated by a newer version of this crate.
     pub fn connect(&self, url: &str) -> Result<PgStore> {
+        blocking::off_runtime(|| self.connect_here(url))
+    }
+
+    fn connect_here(&self, url: &str) -> Result<PgStore> {
         self.validate()?;
-        let mut config: Config = url.parse().map_err(|e| Error::InvalidConfig {
-            reason: format!("the PostgreSQL connection string does not parse: {e}"),
-        })?;
+        let tls::Connection {
+            mut config,
+            tls,
+            mode,
+        } = tls::parse(url)?;
         config.connect_timeout(self.connection_timeout);
         let manager = Manager {
-            inner: PostgresConnectionManager::new(config, NoTls),
+            inner: PostgresConnectionManager::new(config, tls),
         };
-        let sql = Arc::new(Sql::new(&self.schema));
+        let limits = self.limits();
+        let sql = Arc::new(Sql::new(&self.schema, limits.is_some()));
         {
-            // A connection of its own, so that a wrong address or password fails at once with
-            // the server's answer rather than after the pool's timeout.
+            // A connection of its own, so that a wrong address, password or certificate fails
+            // at once with the server's answer rather than after the pool's timeout.
             let mut client = r2d2::ManageConnection::connect(&manager.inner)
-                .map_err(|e| pg("connecting to PostgreSQL", e))?;
-            migrate(&mut client, &self.schema)?;
+                .map_err(|e| pg(mode.context(), e))?;
+            migrate(&mut client, &self.schema, limits.is_some())?;
         }
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
@@ -290,12 +412,13 @@ impl PgStoreBuilder {
             .build(manager)
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
-            pool,
+            pool: Some(pool),
             sql,
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings: self.clone(),
             high_water: AtomicU64::new(0),
+            limits,
         })
     }
 
@@ -374,18 +497,29 @@ impl PgStore {
 
     /// Runs `body` on a pooled connection. A storage error marks the connection broken, so
     /// that the pool replaces it instead of handing a dead connection out again.
-    fn with_conn<T>(&self, body: impl FnOnce(&mut Client, &Statements) -> Result<T>) -> Result<T> {
-        let mut conn = self
-            .pool
-            .get()
-            .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
-        let result = conn
-            .parts(&self.sql)
-            .and_then(|(client, st)| body(client, st));
-        if matches!(result, Err(Error::Storage { .. })) {
-            conn.broken = true;
-        }
-        result
+    /// Inside a tokio runtime it runs on a helper thread (see `blocking`).
+    fn with_conn<T: Send>(
+        &self,
+        body: impl FnOnce(&mut Client, &Statements) -> Result<T> + Send,
+    ) -> Result<T> {
+        blocking::off_runtime(|| {
+            let pool = self.pool.as_ref().ok_or_else(|| {
+                Error::storage(
+                    "getting a PostgreSQL connection",
+                    std::io::Error::other("the store is being dropped"),
+                )
+            })?;
+            let mut conn = pool
+                .get()
+                .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
+            let result = conn
+                .parts(&self.sql)
+                .and_then(|(client, st)| body(client, st));
+            if matches!(result, Err(Error::Storage { .. })) {
+                conn.broken = true;
+            }
+            result
+        })
     }
 
     fn check_key(&self, key: &Key) -> Result<()> {
@@ -429,6 +563,9 @@ impl IdempotencyStore for PgStore {
         let digest: &[u8] = fingerprint.digest();
         let version = i16::from(fingerprint.version());
         self.with_conn(|client, st| {
+            if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
+                quota::make_room(client, quota, limits, &|| self.now_param(), (scope, name))?;
+            }
             for _ in 0..CLAIM_ROUNDS {
                 let now = self.now_param();
                 let claim_params: [&(dyn ToSql + Sync); 7] = [
@@ -592,6 +729,9 @@ impl IdempotencyStore for PgStore {
                     "a record holds token {max_token}, above the last token issued ({issued})"
                 ));
             }
+            if let Some(quota) = &st.quota {
+                quota::check_usage(&mut txn, quota, &mut report.problems)?;
+            }
             txn.commit().map_err(|e| pg("verifying", e))?;
             report.expiry_entries = report.records;
             Ok(report)
@@ -627,6 +767,7 @@ struct Sql {
     select: String,
     takeover: String,
     complete: String,
+    lock: String,
     release: String,
     heartbeat: String,
     checkpoint: String,
@@ -635,10 +776,12 @@ struct Sql {
     verify: String,
     sequence: String,
     now: String,
+    /// With a quota only.
+    quota: Option<quota::Sql>,
 }
 
 impl Sql {
-    fn new(schema: &str) -> Sql {
+    fn new(schema: &str, quota: bool) -> Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
@@ -681,6 +824,8 @@ impl Sql {
                  expires_at = c.now + $8::bigint \
                  FROM c WHERE {FENCE} RETURNING r.token"
             ),
+            // `complete_with`: holds the record while the caller's statements run.
+            lock: format!("{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"),
             release: format!("{NOW} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token"),
             heartbeat: format!(
                 "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
@@ -722,6 +867,7 @@ impl Sql {
             ),
             sequence: format!("SELECT last_value, is_called FROM {seq}"),
             now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
+            quota: quota.then(|| quota::Sql::new(&format!("\"{schema}\""))),
         }
     }
 }
@@ -732,6 +878,7 @@ struct Statements {
     select: Statement,
     takeover: Statement,
     complete: Statement,
+    lock: Statement,
     release: Statement,
     heartbeat: Statement,
     checkpoint: Statement,
@@ -740,6 +887,7 @@ struct Statements {
     verify: Statement,
     sequence: Statement,
     now: Statement,
+    quota: Option<quota::Statements>,
 }
 
 impl Statements {
@@ -749,6 +897,7 @@ impl Statements {
             select: client.prepare(&sql.select)?,
             takeover: client.prepare(&sql.takeover)?,
             complete: client.prepare(&sql.complete)?,
+            lock: client.prepare(&sql.lock)?,
             release: client.prepare(&sql.release)?,
             heartbeat: client.prepare(&sql.heartbeat)?,
             checkpoint: client.prepare(&sql.checkpoint)?,
@@ -757,6 +906,10 @@ impl Statements {
             verify: client.prepare(&sql.verify)?,
             sequence: client.prepare(&sql.sequence)?,
             now: client.prepare(&sql.now)?,
+            quota: match &sql.quota {
+                Some(quota) => Some(quota::Statements::prepare(client, quota)?),
+                None => None,
+            },
         })
     }
 }
@@ -787,7 +940,7 @@ impl Conn {
 
 /// `r2d2_postgres`'s manager, with a slot for the prepared statements.
 struct Manager {
-    inner: PostgresConnectionManager<NoTls>,
+    inner: PostgresConnectionManager<MakeTlsConnector>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -847,8 +1000,9 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per
-/// schema, so that instances starting together apply each migration exactly once.
-fn migrate(client: &mut Client, schema: &str) -> Result<()> {
+/// schema, so that instances starting together apply each migration exactly once; with
+/// `track_usage` (a store with a quota) also turns quota accounting on.
+fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
     const CONTEXT: &str = "migrating the PostgreSQL schema";
     let lock = {
         let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
@@ -925,6 +1079,9 @@ fn migrate(client: &mut Client, schema: &str) -> Result<()> {
             &[&version, &description],
         )
         .map_err(|e| pg(CONTEXT, e))?;
+    }
+    if track_usage {
+        quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
 }

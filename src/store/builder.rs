@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::clock::{Clock, SystemClock, millis};
-use crate::api::settings::{Settings, invalid_config};
+use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::engine::batch::Quota;
 use crate::engine::handle::Config;
 use crate::engine::{layout, open};
@@ -60,19 +60,6 @@ pub struct StoreBuilder {
     pub(crate) max_bytes: Option<u64>,
     pub(crate) when_full: WhenFull,
     pub(crate) clock: Arc<dyn Clock>,
-}
-
-/// What a claim of a new key does when the store is at its `max_records` or `max_bytes`
-/// quota (after deleting expired records, which is always done first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum WhenFull {
-    /// Refuse the claim with [`Error::QuotaExceeded`]: fail closed. The default.
-    #[default]
-    Refuse,
-    /// Delete the oldest completed records to make room. Their keys then run afresh if
-    /// retried, so opt in only where that is acceptable. In-progress records are never evicted.
-    EvictOldestCompleted,
 }
 
 /// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.

@@ -1,0 +1,173 @@
+//! Operator tools on PostgreSQL, as on the redb store: walking every record, reading a record
+//! whatever its expiry, and releasing a stuck key without its lease. The `idempotency-store`
+//! CLI is built on these.
+
+use ::postgres::Row;
+
+use super::{NOW, PgStore, RECORD_COLUMNS, col, parts, pg, record_from};
+use crate::api::clock::Timestamp;
+use crate::api::key::Key;
+use crate::api::outcome::{ForceRelease, RecordView};
+use crate::api::record::Record;
+use crate::error::{Error, Result};
+
+/// Records fetched per round trip by [`PgStore::records`].
+const PAGE: i64 = 500;
+
+/// An iterator over every record of a [`PgStore`], in key order (scope, then key), expired ones
+/// included. Created by [`PgStore::records`].
+///
+/// It reads pages of records in separate statements, so it is not one snapshot: records
+/// written or deleted during the walk may or may not be seen, but none is seen twice. A
+/// record that does not decode yields [`Error::Corrupted`] naming its key and the walk goes
+/// on; a failed statement yields its error and ends the walk.
+#[derive(Debug)]
+pub struct PgRecords<'store> {
+    store: &'store PgStore,
+    /// The last key read, `None` once the walk has ended.
+    after: Option<(String, String)>,
+    page: std::vec::IntoIter<Row>,
+}
+
+impl Iterator for PgRecords<'_> {
+    type Item = Result<(Key, RecordView)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(row) = self.page.next() {
+                return Some(self.decode(&row));
+            }
+            let (scope, key) = self.after.take()?;
+            match self.store.page_after(&scope, &key) {
+                Ok(rows) if rows.is_empty() => return None,
+                Ok(rows) => {
+                    self.after = Some((scope, key));
+                    self.page = rows.into_iter();
+                }
+                Err(err) => return Some(Err(err)),
+            }
+        }
+    }
+}
+
+impl PgRecords<'_> {
+    fn decode(&mut self, row: &Row) -> Result<(Key, RecordView)> {
+        let scope: String = col(row, 0)?;
+        let name: String = col(row, 1)?;
+        if let Some(after) = &mut self.after {
+            after.clone_from(&(scope.clone(), name.clone()));
+        }
+        let shown = if scope.is_empty() {
+            name.clone()
+        } else {
+            format!("{scope}/{name}")
+        };
+        let damaged = |err: Error| match err {
+            Error::Corrupted { reason } | Error::InvalidKey { reason } => {
+                Error::corrupted(format!("record {shown:?}: {reason}"))
+            }
+            other => other,
+        };
+        let key = if scope.is_empty() {
+            Key::new(&name)
+        } else {
+            Key::scoped(&scope, &name)
+        }
+        .map_err(damaged)?;
+        match record_from(row, 2).map_err(damaged)? {
+            Some(record) => Ok((key, record.into_view())),
+            None => Err(Error::corrupted(format!("record {shown:?} has no state"))),
+        }
+    }
+}
+
+impl PgStore {
+    /// Walks every record, expired ones included, in key order; see [`PgRecords`]. For
+    /// operator tools such as a listing or an export.
+    ///
+    /// # Errors
+    /// None at the start; errors met during the walk are items of the iterator.
+    pub fn records(&self) -> Result<PgRecords<'_>> {
+        Ok(PgRecords {
+            store: self,
+            after: Some((String::new(), String::new())),
+            page: Vec::new().into_iter(),
+        })
+    }
+
+    fn page_after(&self, scope: &str, key: &str) -> Result<Vec<Row>> {
+        let sql = format!(
+            "SELECT r.scope, r.key, {RECORD_COLUMNS} FROM {} AS r \
+             WHERE (r.scope, r.key) > ($1::text, $2::text) ORDER BY r.scope, r.key LIMIT $3",
+            self.table()
+        );
+        self.with_conn(|client, _| {
+            client
+                .query(sql.as_str(), &[&scope, &key, &PAGE])
+                .map_err(|e| pg("listing records", e))
+        })
+    }
+
+    fn table(&self) -> String {
+        format!("\"{}\".idempotency_keys", self.settings.schema)
+    }
+
+    /// The key's record, expired or not: like
+    /// [`lookup`](crate::IdempotencyStore::lookup), but an expired record that no sweep has
+    /// deleted yet is returned too (compare its `expires_at` with [`now`](PgStore::now)). For
+    /// operator tools.
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
+    pub fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.check_key(key)?;
+        let (scope, name) = parts(key);
+        let now = self.now_param();
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.select, &[&now, &scope, &name])
+                .map_err(|e| pg("reading a record", e))?;
+            Ok(record_from(&row, 1)?.map(Record::into_view))
+        })
+    }
+
+    /// Deletes the key's **in-progress**, unexpired record without holding its lease, so that
+    /// the next claim runs the operation afresh; completed records are never deleted. For an
+    /// operator un-sticking a key. **Danger: this bypasses fencing**, exactly as
+    /// [`Store::force_release`](crate::Store::force_release) explains: if the holder is still
+    /// running, a retry runs the operation a second time.
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
+    pub fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        self.check_key(key)?;
+        let (scope, name) = parts(key);
+        let sql = format!(
+            "{NOW} DELETE FROM {} AS r USING c WHERE r.scope = $2::text AND r.key = $3::text \
+             AND r.state = 'in_progress' AND r.expires_at > c.now \
+             RETURNING r.attempt, r.lease_until",
+            self.table()
+        );
+        let now = self.now_param();
+        let deleted = self.with_conn(|client, _| {
+            client
+                .query_opt(sql.as_str(), &[&now, &scope, &name])
+                .map_err(|e| pg("releasing a key", e))
+        })?;
+        if let Some(row) = deleted {
+            let attempt: i64 = col(&row, 0)?;
+            let until: Option<i64> = col(&row, 1)?;
+            return Ok(ForceRelease::Released {
+                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                lease_until: Timestamp::from_millis(
+                    until.and_then(|t| u64::try_from(t).ok()).unwrap_or(0),
+                ),
+            });
+        }
+        let now = self.now()?;
+        Ok(match self.inspect(key)? {
+            Some(record) if record.expires_at > now => ForceRelease::Completed,
+            _ => ForceRelease::NotFound,
+        })
+    }
+}

@@ -1,0 +1,263 @@
+//! Quotas on PostgreSQL: `max_records` / `max_bytes`, for the whole table or per scope, with
+//! the redb store's `WhenFull` choices.
+//!
+//! Usage is counted by a trigger into `idempotency_usage`, one row per scope and shard (the
+//! shard is the server process id modulo [`SHARDS`], so that concurrent writers of one scope
+//! rarely wait for each other's counter row). The table and trigger are created, and the
+//! counters seeded from the records, by the first store that connects with a quota; schemas
+//! without quotas pay nothing. A claim of a new key reads the counters first and makes room as the redb store
+//! does: expired records go first, then (if allowed) the oldest completed ones.
+
+use ::postgres::types::ToSql;
+use ::postgres::{Client, Statement, Transaction};
+
+use super::{NOW, col, pg};
+use crate::api::settings::WhenFull;
+use crate::error::{Error, Result};
+
+/// Counter rows per scope.
+const SHARDS: i32 = 16;
+
+/// Expired records deleted per attempt to make room (as the redb store).
+const ROOM_SWEEP: i64 = 64;
+
+/// The limits a store enforces on claims of new keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub max_records: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub when_full: WhenFull,
+    pub per_scope: bool,
+}
+
+impl Limits {
+    /// The limit that one more record would break, given the usage `(records, bytes)`.
+    fn exceeded(&self, (records, bytes): (u64, u64)) -> Option<Error> {
+        let over = |used: u64, max: Option<u64>, limit| {
+            max.filter(|&max| used >= max)
+                .map(|max| Error::QuotaExceeded { limit, used, max })
+        };
+        over(records, self.max_records, "max_records")
+            .or_else(|| over(bytes, self.max_bytes, "max_bytes"))
+    }
+}
+
+/// The bytes a row counts for: its key, scope, fingerprint, checkpoint and response.
+fn row_bytes(row: &str) -> String {
+    format!(
+        "(octet_length({row}.scope) + octet_length({row}.key) + octet_length({row}.fingerprint) \
+         + coalesce(octet_length({row}.checkpoint), 0) \
+         + coalesce(octet_length({row}.response_headers), 0) \
+         + coalesce(octet_length({row}.response_body), 0))::bigint"
+    )
+}
+
+/// The counters table and the trigger function that keeps them.
+fn usage_objects(s: &str) -> String {
+    let (old, new) = (row_bytes("OLD"), row_bytes("NEW"));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {s}.idempotency_usage ( \
+             scope   text     NOT NULL, \
+             shard   smallint NOT NULL, \
+             records bigint   NOT NULL, \
+             bytes   bigint   NOT NULL, \
+             PRIMARY KEY (scope, shard)); \
+         CREATE OR REPLACE FUNCTION {s}.idempotency_usage_track() RETURNS trigger LANGUAGE plpgsql AS $f$ \
+         DECLARE d_records bigint := 0; d_bytes bigint := 0; row_scope text; \
+         BEGIN \
+             IF TG_OP <> 'INSERT' THEN \
+                 d_records := d_records - 1; d_bytes := d_bytes - {old}; row_scope := OLD.scope; \
+             END IF; \
+             IF TG_OP <> 'DELETE' THEN \
+                 d_records := d_records + 1; d_bytes := d_bytes + {new}; row_scope := NEW.scope; \
+             END IF; \
+             IF d_records <> 0 OR d_bytes <> 0 THEN \
+                 INSERT INTO {s}.idempotency_usage AS u (scope, shard, records, bytes) \
+                 VALUES (row_scope, pg_backend_pid() % {SHARDS}, d_records, d_bytes) \
+                 ON CONFLICT (scope, shard) DO UPDATE \
+                 SET records = u.records + EXCLUDED.records, bytes = u.bytes + EXCLUDED.bytes; \
+             END IF; \
+             RETURN NULL; \
+         END $f$;"
+    )
+}
+
+/// Turns usage counting on for the schema `s` (quoted) unless it is on: creates the counters
+/// table, the trigger and its function, and seeds the counters, with writers locked out
+/// meanwhile so that nothing is missed. Runs in the migration's transaction, under its lock.
+pub(crate) fn track_usage(txn: &mut Transaction<'_>, s: &str) -> Result<()> {
+    const CONTEXT: &str = "turning on quota accounting";
+    let on: bool = col(
+        &txn.query_one(
+            &format!(
+                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
+                 AND tgrelid = '{s}.idempotency_keys'::regclass)"
+            ),
+            &[],
+        )
+        .map_err(|e| pg(CONTEXT, e))?,
+        0,
+    )?;
+    if on {
+        return Ok(());
+    }
+    txn.batch_execute(&format!(
+        "LOCK TABLE {s}.idempotency_keys IN SHARE ROW EXCLUSIVE MODE; {objects} \
+         CREATE TRIGGER idempotency_usage_track \
+             AFTER INSERT OR UPDATE OR DELETE ON {s}.idempotency_keys \
+             FOR EACH ROW EXECUTE FUNCTION {s}.idempotency_usage_track(); \
+         DELETE FROM {s}.idempotency_usage; \
+         INSERT INTO {s}.idempotency_usage (scope, shard, records, bytes) \
+             SELECT r.scope, 0, count(*), coalesce(sum({bytes}), 0) \
+             FROM {s}.idempotency_keys AS r GROUP BY r.scope;",
+        bytes = row_bytes("r"),
+        objects = usage_objects(s),
+    ))
+    .map_err(|e| pg(CONTEXT, e))
+}
+
+/// The SQL of the quota statements, for one schema (`t` the table, `u` the counters).
+pub(crate) struct Sql {
+    usage: String,
+    exists: String,
+    sweep: String,
+    evict: String,
+    check: String,
+}
+
+impl Sql {
+    pub(crate) fn new(s: &str) -> Sql {
+        let t = format!("{s}.idempotency_keys");
+        let u = format!("{s}.idempotency_usage");
+        Sql {
+            usage: format!(
+                "SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(bytes), 0)::bigint \
+                 FROM {u} WHERE $1::text IS NULL OR scope = $1::text"
+            ),
+            exists: format!(
+                "SELECT EXISTS (SELECT FROM {t} WHERE scope = $1::text AND key = $2::text)"
+            ),
+            sweep: format!(
+                "{NOW}, doomed AS MATERIALIZED (\
+                     SELECT x.ctid FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     AND ($2::text IS NULL OR x.scope = $2::text) \
+                     ORDER BY x.expires_at LIMIT $3::bigint FOR UPDATE OF x SKIP LOCKED) \
+                 DELETE FROM {t} AS r USING doomed AS d, c \
+                 WHERE r.ctid = d.ctid AND r.expires_at <= c.now"
+            ),
+            evict: format!(
+                "{NOW}, victim AS MATERIALIZED (\
+                     SELECT x.ctid FROM {t} AS x, c WHERE x.state = 'completed' \
+                     AND x.expires_at > c.now AND ($2::text IS NULL OR x.scope = $2::text) \
+                     ORDER BY x.expires_at LIMIT 1 FOR UPDATE OF x SKIP LOCKED) \
+                 DELETE FROM {t} AS r USING victim AS v \
+                 WHERE r.ctid = v.ctid AND r.state = 'completed'"
+            ),
+            check: format!(
+                "SELECT (SELECT count(*) FROM {t}), \
+                     (SELECT coalesce(sum({bytes}), 0)::bigint FROM {t} AS r), \
+                     (SELECT coalesce(sum(records), 0)::bigint FROM {u}), \
+                     (SELECT coalesce(sum(bytes), 0)::bigint FROM {u}), \
+                     EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
+                         AND tgrelid = '{t}'::regclass)",
+                bytes = row_bytes("r")
+            ),
+        }
+    }
+}
+
+/// The quota statements, prepared once per pooled connection of a store with a quota (the
+/// counters table exists only then).
+pub(crate) struct Statements {
+    usage: Statement,
+    exists: Statement,
+    sweep: Statement,
+    evict: Statement,
+    check: Statement,
+}
+
+impl Statements {
+    pub(crate) fn prepare(
+        client: &mut Client,
+        sql: &Sql,
+    ) -> std::result::Result<Self, ::postgres::Error> {
+        Ok(Statements {
+            usage: client.prepare(&sql.usage)?,
+            exists: client.prepare(&sql.exists)?,
+            sweep: client.prepare(&sql.sweep)?,
+            evict: client.prepare(&sql.evict)?,
+            check: client.prepare(&sql.check)?,
+        })
+    }
+}
+
+/// Before a claim: makes room for the key if it is new and the store is at a limit, or fails
+/// closed with [`Error::QuotaExceeded`]. `now` gives each statement its `$1`.
+pub(crate) fn make_room(
+    client: &mut Client,
+    st: &Statements,
+    limits: &Limits,
+    now: &(dyn Fn() -> Option<i64> + Sync),
+    (scope, name): (&str, &str),
+) -> Result<()> {
+    let counted = limits.per_scope.then_some(scope);
+    let usage = |client: &mut Client| -> Result<(u64, u64)> {
+        let row = client
+            .query_one(&st.usage, &[&counted])
+            .map_err(|e| pg("reading quota usage", e))?;
+        let count = |i| -> Result<u64> { Ok(u64::try_from(col::<i64>(&row, i)?).unwrap_or(0)) };
+        Ok((count(0)?, count(1)?))
+    };
+    if limits.exceeded(usage(client)?).is_none() {
+        return Ok(());
+    }
+    // A key that has a record (even an expired one) adds no row: claim it as usual.
+    let exists: bool = col(
+        &client
+            .query_one(&st.exists, &[&scope, &name])
+            .map_err(|e| pg("reading a record", e))?,
+        0,
+    )?;
+    if exists {
+        return Ok(());
+    }
+    let delete = |client: &mut Client, statement: &Statement, extra: &[&(dyn ToSql + Sync)]| {
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(3);
+        let now = now();
+        params.push(&now);
+        params.push(&counted);
+        params.extend_from_slice(extra);
+        client
+            .execute(statement, &params)
+            .map_err(|e| pg("making room for a new key", e))
+    };
+    delete(client, &st.sweep, &[&ROOM_SWEEP])?;
+    if limits.when_full == WhenFull::EvictOldestCompleted {
+        while limits.exceeded(usage(client)?).is_some() && delete(client, &st.evict, &[])? > 0 {}
+    }
+    match limits.exceeded(usage(client)?) {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// `verify`: with quota accounting on, the counters must match the table.
+pub(crate) fn check_usage(
+    txn: &mut Transaction<'_>,
+    st: &Statements,
+    problems: &mut Vec<String>,
+) -> Result<()> {
+    let row = txn
+        .query_one(&st.check, &[])
+        .map_err(|e| pg("verifying quota usage", e))?;
+    let tracked: bool = col(&row, 4)?;
+    let (records, bytes): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
+    let (counted_records, counted_bytes): (i64, i64) = (col(&row, 2)?, col(&row, 3)?);
+    if tracked && (records, bytes) != (counted_records, counted_bytes) {
+        problems.push(format!(
+            "quota counters say {counted_records} records and {counted_bytes} bytes, the table \
+             holds {records} records and {bytes} bytes"
+        ));
+    }
+    Ok(())
+}
