@@ -11,12 +11,12 @@ use super::view::RequestView;
 use super::{
     IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay,
 };
-use crate::backend::IdempotencyStore;
-use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::Key;
-use crate::outcome::{Claim, Lease};
+use crate::Error;
+use crate::Fingerprint;
+use crate::IdempotencyStore;
+use crate::Key;
+use crate::{Claim, Lease};
+use crate::{Clock, SystemClock, Timestamp};
 
 type Answer = ::http::Response<Vec<u8>>;
 

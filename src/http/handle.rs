@@ -8,8 +8,8 @@ use super::flow::{self, Decided, Screen};
 use super::heartbeat::{self, LeaseWatch};
 use super::options::HandleOptions;
 use super::view::RequestView;
-use crate::backend::IdempotencyStore;
-use crate::outcome::Lease;
+use crate::IdempotencyStore;
+use crate::Lease;
 
 /// Runs `handler` at most once per idempotency key and answers every retry with its answer.
 ///

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::IdempotencyStore;
-use crate::clock::Timestamp;
-use crate::error::Error;
-use crate::key::Key;
-use crate::outcome::Lease;
+use crate::Error;
+use crate::IdempotencyStore;
+use crate::Key;
+use crate::Lease;
+use crate::Timestamp;
 
 /// The shortest heartbeat period, so that a tiny lease does not turn into a busy loop.
 const MIN_PERIOD: Duration = Duration::from_millis(10);

@@ -9,8 +9,8 @@ use ::http::{Extensions, Method, StatusCode};
 use super::policy::FingerprintPolicy;
 use super::retry_after::Durations;
 use super::view::RequestView;
-use crate::outcome::Lease;
-use crate::record::Response;
+use crate::Lease;
+use crate::Response;
 
 /// A boxed error of a completion hook or of a response body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -7,7 +7,7 @@ use ::http::HeaderName;
 
 use super::canonical_json::canonical;
 use super::view::RequestView;
-use crate::fingerprint::Fingerprint;
+use crate::Fingerprint;
 
 /// The fingerprint version of the structured policies (canonical JSON, unordered query,
 /// selected headers). Version 1 is [`Fingerprint::of`], the raw-bytes policy.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::clock::Timestamp;
+use crate::Timestamp;
 
 /// At most this many routes get an estimate of their own; the rest share one, so that paths
 /// with ids in them cannot grow the map without bound.

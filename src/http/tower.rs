@@ -54,8 +54,8 @@ use super::heartbeat::{self, LeaseWatch};
 use super::options::{BoxError, HandleOptions};
 use super::view::RequestView;
 use super::{Problem, problem_type};
-use crate::backend::IdempotencyStore;
-use crate::outcome::Lease;
+use crate::IdempotencyStore;
+use crate::Lease;
 
 /// A [`tower::Layer`] that makes the services it wraps idempotent; see the module docs.
 #[derive(Clone)]
