@@ -92,7 +92,9 @@ pub trait IdempotencyStore: Send + Sync {
     /// # Errors
     /// [`Error::Storage`] if the backend has to ask a server for its time and cannot.
     fn now(&self) -> Result<Timestamp> {
-        Ok(crate::api::clock::Clock::now(&crate::api::clock::SystemClock))
+        Ok(crate::api::clock::Clock::now(
+            &crate::api::clock::SystemClock,
+        ))
     }
 
     /// Stores the response for the lease's key and ends the lease; fenced by the lease's
