@@ -19,7 +19,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use idempotency_store::http::{self as idem, HandleOptions, Problem};
 use idempotency_store::redb::{self, ReadableTable};
-use idempotency_store::{Lease, Response, Store};
+use idempotency_store::{Key, Lease, Response, Store};
 
 /// Any error, for setup code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -159,7 +159,14 @@ impl Payments {
                 &*self.store,
                 request,
                 &self.idempotency,
-                |lease, request| self.charge(lease, request.body()),
+                |lease, request| {
+                    std::thread::sleep(self.options.charge_delay);
+                    // The key is required, so a POST always runs with a lease.
+                    match lease {
+                        Some(lease) => self.charge(lease.token(), lease.key(), request.body()),
+                        None => Problem::internal().to_http(),
+                    }
+                },
             ),
             (&Method::GET, "/ledger", _) => self.ledger(),
             (&Method::GET, _, Some(id)) => self.show(id),
@@ -174,9 +181,10 @@ impl Payments {
         }
     }
 
-    /// `POST /payments` while holding the key: validate, charge, and leave the charge in the
-    /// answer's extensions for [`record_charge`], which stores both in one transaction.
-    fn charge(&self, lease: Option<&mut Lease>, body: &[u8]) -> http::Response<Vec<u8>> {
+    /// `POST /payments` while holding the key (`token`, `key`): validate, charge, and leave
+    /// the charge in the answer's extensions for [`record_charge`], which stores both in one
+    /// transaction.
+    pub fn charge(&self, token: u64, key: &Key, body: &[u8]) -> http::Response<Vec<u8>> {
         // A request that fails validation releases the key: the client fixes it and retries
         // with the same key.
         let payment = match NewPayment::parse(body) {
@@ -187,14 +195,9 @@ impl Payments {
                 return idem::release(invalid.to_http());
             }
         };
-        // The key is required, so a POST always runs with a lease.
-        let Some(lease) = lease else {
-            return Problem::internal().to_http();
-        };
-        std::thread::sleep(self.options.charge_delay);
         let charge = Charge::new(
-            lease.token(),
-            &lease.key().to_string(),
+            token,
+            &key.to_string(),
             payment.amount,
             &payment.currency,
             &payment.customer_id,
@@ -210,8 +213,23 @@ impl Payments {
         answer
     }
 
+    /// The store, shared with the idempotency flow.
+    pub fn store(&self) -> Arc<Store> {
+        Arc::clone(&self.store)
+    }
+
+    /// The idempotency options (wait, body limit, the ledger's completion hook).
+    pub fn idempotency(&self) -> HandleOptions {
+        self.idempotency.clone()
+    }
+
+    /// How long a charge takes.
+    pub fn charge_delay(&self) -> Duration {
+        self.options.charge_delay
+    }
+
     /// `GET /payments/{id}`.
-    fn show(&self, id: &str) -> http::Response<Vec<u8>> {
+    pub fn show(&self, id: &str) -> http::Response<Vec<u8>> {
         let number = id.strip_prefix("pay_").and_then(|n| n.parse::<u64>().ok());
         match number.and_then(|n| self.charges_lock().get(&n).cloned()) {
             Some(charge) => json_response(StatusCode::OK, &charge),
@@ -220,7 +238,7 @@ impl Payments {
     }
 
     /// `GET /ledger`: every charge, in order, with its idempotency key, and the count.
-    fn ledger(&self) -> http::Response<Vec<u8>> {
+    pub fn ledger(&self) -> http::Response<Vec<u8>> {
         let charges = self.charges_lock();
         let entries: Vec<_> = charges
             .values()
@@ -327,16 +345,28 @@ pub struct Running {
 /// Listens on `listen` (`127.0.0.1:0` picks a free port) and serves with `options.threads`
 /// workers.
 pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
+    let threads = payments.options.threads;
+    let payments = Arc::new(payments);
+    serve_with(
+        listen,
+        threads,
+        Arc::new(move |request| payments.handle(request)),
+    )
+}
+
+/// A request handler for [`serve_with`].
+pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>> + Send + Sync>;
+
+/// Serves `handler` on `listen` with `threads` workers (also used by tests/http_flow.rs).
+pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
     let listener = Arc::new(TcpListener::bind(listen)?);
     let addr = listener.local_addr()?;
     let stopping = Arc::new(AtomicBool::new(false));
-    let threads = payments.options.threads.max(1);
-    let payments = Arc::new(payments);
-    let workers = (0..threads)
+    let workers = (0..threads.max(1))
         .map(|_| {
-            let (listener, payments, stopping) = (
+            let (listener, handler, stopping) = (
                 Arc::clone(&listener),
-                Arc::clone(&payments),
+                Arc::clone(&handler),
                 Arc::clone(&stopping),
             );
             std::thread::spawn(move || {
@@ -346,7 +376,7 @@ pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
                         return;
                     }
                     match accepted {
-                        Ok((stream, _)) => serve(&payments, stream),
+                        Ok((stream, _)) => serve(&*handler, stream),
                         Err(err) => eprintln!("payments: accepting a connection failed: {err}"),
                     }
                 }
@@ -389,11 +419,11 @@ impl Drop for Running {
     }
 }
 
-fn serve(payments: &Payments, stream: TcpStream) {
+fn serve(handler: &dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>, stream: TcpStream) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let mut reader = BufReader::new(&stream);
     let answer = match read_request(&mut reader) {
-        Ok(request) => payments.handle(request),
+        Ok(request) => handler(request),
         Err(problem) => problem.to_http(),
     };
     // The client may be gone (a lost answer): its retry gets the stored answer.

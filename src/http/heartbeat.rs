@@ -130,7 +130,9 @@ where
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let mut stopped = stop.stopped.lock();
-            loop {
+            // The flag is checked before each wait: the handler may have returned before
+            // this thread first took the lock, and its notification is then long gone.
+            while !*stopped {
                 let _ = stop.changed.wait_for(&mut stopped, period);
                 if *stopped {
                     return;
