@@ -580,3 +580,163 @@ fn a_restarted_server_replays_every_acknowledged_answer() {
         assert!(runs.lock().expect("lock").values().all(|&n| n == 1));
     }
 }
+
+// ---------------------------------------------------------------- the flow without a server
+
+fn post(key: &str, body: &str) -> Request<Vec<u8>> {
+    Request::post("/pay")
+        .header("Idempotency-Key", key)
+        .body(body.as_bytes().to_vec())
+        .expect("request")
+}
+
+fn answer(status: u16, body: &str) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .body(body.as_bytes().to_vec())
+        .expect("response")
+}
+
+#[test]
+fn a_panicking_handler_leaves_the_key_to_its_lease() {
+    let store = Store::builder()
+        .lease(Duration::from_millis(300))
+        .open_in_memory()
+        .expect("store");
+    let options = HandleOptions::new();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handle(
+            &store,
+            post("p", "{}"),
+            &options,
+            |_, _| -> Response<Vec<u8>> { panic!("the card network exploded") },
+        )
+    }));
+    assert!(panicked.is_err());
+    let record = store.lookup(&Key::new("p").expect("key")).expect("lookup");
+    let record = record.expect("still there");
+    assert!(matches!(record.state, RecordState::InProgress { .. }));
+    // Within the lease: 409; after it: the retry takes over as attempt 2.
+    let busy = handle(&store, post("p", "{}"), &options, |_, _| answer(201, "no"));
+    assert_eq!(busy.status(), 409);
+    std::thread::sleep(Duration::from_millis(400));
+    let retry = handle(&store, post("p", "{}"), &options, |lease, _| {
+        let attempt = lease.map(|l| l.attempt()).unwrap_or_default();
+        answer(201, &format!("attempt {attempt}"))
+    });
+    assert_eq!(
+        (retry.status(), retry.body().as_slice()),
+        (::http::StatusCode::CREATED, &b"attempt 2"[..])
+    );
+}
+
+#[test]
+fn release_marker_and_finality_rule_let_the_retry_run() {
+    use idempotency_store::http::{Finality, release};
+    let store = Store::builder().open_in_memory().expect("store");
+    let runs = AtomicUsize::new(0);
+    let run = |status: u16, marked: bool| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let response = answer(status, "x");
+        if marked { release(response) } else { response }
+    };
+    // Default: every answer is final, a 500 included.
+    let options = HandleOptions::new();
+    for _ in 0..2 {
+        let out = handle(&store, post("final-500", "{}"), &options, |_, _| {
+            run(500, false)
+        });
+        assert_eq!(out.status(), 500);
+    }
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 1);
+    // The typed marker releases whatever the rule.
+    for _ in 0..2 {
+        let out = handle(&store, post("marked", "{}"), &options, |_, _| {
+            run(400, true)
+        });
+        assert_eq!(out.status(), 400);
+        assert!(out.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 2);
+    // ReleaseServerErrors: 5xx releases, 4xx is final.
+    let options = HandleOptions::new().finality(Finality::ReleaseServerErrors);
+    for _ in 0..2 {
+        let _ = handle(&store, post("5xx", "{}"), &options, |_, _| run(503, false));
+        let _ = handle(&store, post("4xx", "{}"), &options, |_, _| run(402, false));
+    }
+    assert_eq!(runs.swap(0, Ordering::SeqCst), 3);
+    // Methods not covered, and keyless requests when the key is optional, pass through.
+    let get = Request::get("/pay").body(Vec::new()).expect("request");
+    let out = handle(&store, get, &options, |lease, _| {
+        answer(if lease.is_none() { 200 } else { 500 }, "")
+    });
+    assert_eq!(out.status(), 200);
+    let optional = HandleOptions::new().key_required(false);
+    let keyless = Request::post("/pay").body(Vec::new()).expect("request");
+    let out = handle(&store, keyless, &optional, |lease, _| {
+        answer(if lease.is_none() { 200 } else { 500 }, "")
+    });
+    assert_eq!(out.status(), 200);
+}
+
+#[test]
+fn a_previous_policy_keeps_old_records_replaying_and_a_version_change_is_named() {
+    let store = Store::builder().open_in_memory().expect("store");
+    let raw = HandleOptions::new();
+    let first = handle(&store, post("k", r#"{"a":1}"#), &raw, |_, _| {
+        answer(201, "one")
+    });
+    assert_eq!(first.status(), 201);
+    let canonical = FingerprintPolicy::raw().canonical_json();
+    // Switched without the previous policy: 422 whose detail says the server changed.
+    let switched = HandleOptions::new().fingerprint(canonical.clone());
+    let out = handle(&store, post("k", r#"{"a":1}"#), &switched, |_, _| {
+        answer(201, "two")
+    });
+    assert_eq!(out.status(), 422);
+    assert!(String::from_utf8_lossy(out.body()).contains("changed how it compares"));
+    // With it: the old record replays.
+    let migrating = switched.previous_fingerprint(FingerprintPolicy::raw());
+    let out = handle(&store, post("k", r#"{"a":1}"#), &migrating, |_, _| {
+        answer(201, "two")
+    });
+    assert_eq!(
+        (out.status(), out.body().as_slice()),
+        (::http::StatusCode::CREATED, &b"one"[..])
+    );
+    assert_eq!(out.headers()["idempotent-replayed"], "true");
+}
+
+#[test]
+fn a_lease_lost_during_the_run_is_surfaced_and_answered_409() {
+    use idempotency_store::{Claim, Fingerprint, ManualClock, Timestamp};
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let store = Store::builder()
+        .lease(Duration::from_millis(600))
+        .clock(clock.clone())
+        .open_in_memory()
+        .expect("store");
+    let out = handle(
+        &store,
+        post("lost", "{}"),
+        &HandleOptions::new(),
+        |_, request| {
+            // Stall past the lease (as the store's clock sees it); another attempt takes over.
+            clock.advance(Duration::from_secs(1));
+            let same = Fingerprint::of(["POST", "/pay", "{}"]);
+            let other = store.claim(&Key::new("lost").expect("key"), same);
+            assert!(matches!(other, Ok(Claim::Acquired(ref l)) if l.attempt() == 2));
+            let watch = request.extensions().get::<LeaseWatch>().expect("watch");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !watch.is_lost() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the heartbeat never reported the loss"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answer(201, "too late")
+        },
+    );
+    assert_eq!(out.status(), 409);
+}
