@@ -58,6 +58,13 @@
 //! - `http`: the module `idempotency_store::http`, mapping to the `http` 1.x types: the
 //!   `Idempotency-Key` header (sf-string or bare), request fingerprints, replays with
 //!   `Idempotent-Replayed: true`, and the IETF draft's 400/409/422 as `application/problem+json`.
+//!   It also has the whole flow in one call, `http::handle` (sync): key, scope, fingerprint
+//!   policy (raw bytes, canonical JSON, unordered query, selected headers, your function),
+//!   bounded wait, replay, 409 with a measured `Retry-After`, 413/422/503, completion or
+//!   release, and a heartbeat for slow handlers.
+//! - `tower` (implies `http`): `http::tower::IdempotencyLayer`, the same flow as a tower
+//!   layer for axum or any hyper service, with every store call on tokio's blocking pool
+//!   (adds `tokio`, `tower`, `http-body`, `http-body-util` and `bytes`).
 //! - `cli`: the operator binary `idempotency-store`.
 //! - `postgres`: `PgStore`, the same API ([`IdempotencyStore`]) on a PostgreSQL table shared by
 //!   many service instances (sync `postgres` client, `r2d2` connection pool).

@@ -2,20 +2,22 @@
 //! `tests/payments_e2e.rs`: `POST /payments` charges once per `Idempotency-Key`,
 //! `GET /payments/{id}` and `GET /ledger` read the charges.
 //!
-//! A charge is a row in a ledger table in the store's own redb file, written by
-//! `Store::complete_with` in the same transaction as the stored answer: after a crash there is
-//! never a charge without its answer, or an answer without its charge.
+//! The idempotency flow is `idempotency_store::http::handle`: this file only validates and
+//! charges. A charge is a row in a ledger table in the store's own redb file, written by
+//! `Store::complete_with` (the options' completion hook) in the same transaction as the stored
+//! answer: after a crash there is never a charge without its answer, or an answer without its
+//! charge.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use idempotency_store::http::{self as idem, Decision, Problem};
+use idempotency_store::http::{self as idem, HandleOptions, Problem};
 use idempotency_store::redb::{self, ReadableTable};
 use idempotency_store::{Key, Lease, Response, Store};
 
@@ -119,30 +121,53 @@ impl NewPayment {
     }
 }
 
-/// The service: the store, and the charges mirrored in memory for the `GET` routes.
+/// The charges mirrored in memory for the `GET` routes.
+type Charges = Arc<Mutex<BTreeMap<u64, Charge>>>;
+
+/// The service: the store, the idempotency options, and the charges mirrored in memory.
 pub struct Payments {
-    store: Store,
+    store: Arc<Store>,
     options: Options,
-    charges: Mutex<BTreeMap<u64, Charge>>,
+    idempotency: HandleOptions,
+    charges: Charges,
 }
 
 impl Payments {
     /// Serves from `store`, loading the charges already in its ledger.
     pub fn open(store: Store, options: Options) -> Result<Payments, BoxError> {
-        let charges = load_ledger(&store)?;
+        let store = Arc::new(store);
+        let charges = Arc::new(Mutex::new(load_ledger(&store)?));
+        let idempotency = HandleOptions::new()
+            .wait(options.wait)
+            .max_body(MAX_BODY as usize)
+            .complete_with(record_charge(Arc::clone(&store), Arc::clone(&charges)))
+            .on_error(|err| eprintln!("payments: {err}"));
         Ok(Payments {
             store,
             options,
-            charges: Mutex::new(charges),
+            idempotency,
+            charges,
         })
     }
 
     /// Answers one request.
-    pub fn handle(&self, request: &http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
+    pub fn handle(&self, request: http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
         let path = request.uri().path();
         let id = path.strip_prefix("/payments/");
         match (request.method(), path, id) {
-            (&Method::POST, "/payments", _) => self.create(request),
+            (&Method::POST, "/payments", _) => idem::handle(
+                &*self.store,
+                request,
+                &self.idempotency,
+                |lease, request| {
+                    std::thread::sleep(self.options.charge_delay);
+                    // The key is required, so a POST always runs with a lease.
+                    match lease {
+                        Some(lease) => self.charge(lease.token(), lease.key(), request.body()),
+                        None => Problem::internal().to_http(),
+                    }
+                },
+            ),
             (&Method::GET, "/ledger", _) => self.ledger(),
             (&Method::GET, _, Some(id)) => self.show(id),
             (_, "/payments" | "/ledger", _) | (_, _, Some(_)) => problem(
@@ -156,94 +181,55 @@ impl Payments {
         }
     }
 
-    /// `POST /payments`: validate, claim the key, then charge once or answer from the store.
-    fn create(&self, request: &http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
-        // A request that fails validation is not stored: the client fixes it and retries with
-        // the same key.
-        let key = match idem::key_from_headers(request.headers(), None) {
-            Ok(key) => key,
-            Err(err) => return err.problem().to_http(),
-        };
-        let payment = match NewPayment::parse(request.body()) {
+    /// `POST /payments` while holding the key (`token`, `key`): validate, charge, and leave
+    /// the charge in the answer's extensions for [`record_charge`], which stores both in one
+    /// transaction.
+    pub fn charge(&self, token: u64, key: &Key, body: &[u8]) -> http::Response<Vec<u8>> {
+        // A request that fails validation releases the key: the client fixes it and retries
+        // with the same key.
+        let payment = match NewPayment::parse(body) {
             Ok(payment) => payment,
             Err(detail) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-payment",
-                    "Invalid payment",
-                    &detail,
-                )
-                .to_http();
+                let status = StatusCode::BAD_REQUEST;
+                let invalid = problem(status, "invalid-payment", "Invalid payment", &detail);
+                return idem::release(invalid.to_http());
             }
         };
-        let fingerprint = idem::fingerprint(request);
-        let claim = if self.options.wait.is_zero() {
-            self.store.claim(&key, fingerprint)
-        } else {
-            self.store.claim_wait(&key, fingerprint, self.options.wait)
-        };
-        let claim = match claim {
-            Ok(claim) => claim,
-            Err(err) => return store_failed(&err),
-        };
-        match idem::decide(claim, self.store.now()) {
-            Ok(Decision::Run(lease)) => self.charge(&key, &lease, payment),
-            Ok(Decision::Respond(answer)) => answer, // a replay, 409 or 422
-            // `Decision` is non-exhaustive: an answer a later version adds is not run blindly.
-            Ok(_) => Problem::internal().to_http(),
-            Err(err) => {
-                eprintln!("payments: cannot replay {key}: {err}");
-                Problem::internal().to_http()
-            }
-        }
-    }
-
-    /// Charges while holding the key: the ledger row and the answer commit together.
-    fn charge(&self, key: &Key, lease: &Lease, payment: NewPayment) -> http::Response<Vec<u8>> {
-        std::thread::sleep(self.options.charge_delay);
         let charge = Charge::new(
-            lease.token(),
+            token,
             &key.to_string(),
             payment.amount,
             &payment.currency,
             &payment.customer_id,
         );
-        let response = Response::new(201, to_json(&charge))
-            .with_header("content-type", "application/json")
-            .with_header("location", format!("/payments/{}", charge.id));
-        // Converted before it is stored, so that its replays cannot fail to convert.
-        let Ok(answer) = idem::to_http(response.clone()) else {
-            return Problem::internal().to_http();
-        };
-        let row = (
-            charge.key.as_str(),
-            charge.amount,
-            charge.currency.as_str(),
-            charge.customer_id.as_str(),
-        );
-        let written = self.store.complete_with(lease, response, |txn| {
-            txn.open_table(LEDGER)?.insert(charge.number, row)?;
-            Ok::<_, redb::Error>(())
-        });
-        match written {
-            Ok(Ok(())) => {
-                self.charges_lock().insert(charge.number, charge);
-                answer
-            }
-            Ok(Err(err)) => {
-                // Nothing was written; let a retry run afresh.
-                eprintln!("payments: ledger write for {key} failed: {err}");
-                if let Err(err) = self.store.release(lease) {
-                    eprintln!("payments: releasing {key} failed: {err}");
-                }
-                Problem::internal().to_http()
-            }
-            Err(err) => store_failed(&err),
+        let mut answer = json_response(StatusCode::CREATED, &charge);
+        let location = format!("/payments/{}", charge.id);
+        if let Ok(location) = http::HeaderValue::from_str(&location) {
+            answer
+                .headers_mut()
+                .insert(http::header::LOCATION, location);
         }
+        answer.extensions_mut().insert(charge);
+        answer
+    }
+
+    /// The store, shared with the idempotency flow.
+    pub fn store(&self) -> Arc<Store> {
+        Arc::clone(&self.store)
+    }
+
+    /// The idempotency options (wait, body limit, the ledger's completion hook).
+    pub fn idempotency(&self) -> HandleOptions {
+        self.idempotency.clone()
+    }
+
+    /// How long a charge takes.
+    pub fn charge_delay(&self) -> Duration {
+        self.options.charge_delay
     }
 
     /// `GET /payments/{id}`.
-    fn show(&self, id: &str) -> http::Response<Vec<u8>> {
+    pub fn show(&self, id: &str) -> http::Response<Vec<u8>> {
         let number = id.strip_prefix("pay_").and_then(|n| n.parse::<u64>().ok());
         match number.and_then(|n| self.charges_lock().get(&n).cloned()) {
             Some(charge) => json_response(StatusCode::OK, &charge),
@@ -252,7 +238,7 @@ impl Payments {
     }
 
     /// `GET /ledger`: every charge, in order, with its idempotency key, and the count.
-    fn ledger(&self) -> http::Response<Vec<u8>> {
+    pub fn ledger(&self) -> http::Response<Vec<u8>> {
         let charges = self.charges_lock();
         let entries: Vec<_> = charges
             .values()
@@ -270,6 +256,37 @@ impl Payments {
 
     fn charges_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Charge>> {
         self.charges.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The completion hook: the ledger row and the answer commit together, then the charge is
+/// mirrored in memory.
+fn record_charge(
+    store: Arc<Store>,
+    charges: Charges,
+) -> impl Fn(&Lease, Response, &http::Extensions) -> idempotency_store::Result<Result<(), BoxError>>
++ Send
++ Sync
++ 'static {
+    move |lease: &Lease, response: Response, extensions: &http::Extensions| {
+        let Some(charge) = extensions.get::<Charge>() else {
+            return Ok(Err("the answer carries no charge".into()));
+        };
+        let row = (
+            charge.key.as_str(),
+            charge.amount,
+            charge.currency.as_str(),
+            charge.customer_id.as_str(),
+        );
+        let written = store.complete_with(lease, response, |txn| {
+            txn.open_table(LEDGER)?.insert(charge.number, row)?;
+            Ok::<_, redb::Error>(())
+        })?;
+        if written.is_ok() {
+            let mut charges = charges.lock().unwrap_or_else(PoisonError::into_inner);
+            charges.insert(charge.number, charge.clone());
+        }
+        Ok(written.map_err(Into::into))
     }
 }
 
@@ -316,16 +333,10 @@ fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem
     Problem::new(status, uri, title, detail)
 }
 
-fn store_failed(err: &idempotency_store::Error) -> http::Response<Vec<u8>> {
-    eprintln!("payments: store error: {err}");
-    Problem::from_error(err).to_http()
-}
+// ---------------------------------------------------------------- serving over std::net
 
-// ---------------------------------------------------------------- serving over tiny_http
-
-/// A running server: worker threads sharing one `tiny_http::Server`.
+/// A running server: worker threads accepting on one listener, one request per connection.
 pub struct Running {
-    server: Arc<tiny_http::Server>,
     addr: SocketAddr,
     stopping: Arc<AtomicBool>,
     workers: Vec<JoinHandle<()>>,
@@ -334,23 +345,38 @@ pub struct Running {
 /// Listens on `listen` (`127.0.0.1:0` picks a free port) and serves with `options.threads`
 /// workers.
 pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
-    let server = Arc::new(tiny_http::Server::http(listen)?);
-    let addr = server.server_addr().to_ip().ok_or("not an IP address")?;
-    let stopping = Arc::new(AtomicBool::new(false));
-    let threads = payments.options.threads.max(1);
+    let threads = payments.options.threads;
     let payments = Arc::new(payments);
-    let workers = (0..threads)
+    serve_with(
+        listen,
+        threads,
+        Arc::new(move |request| payments.handle(request)),
+    )
+}
+
+/// A request handler for [`serve_with`].
+pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>> + Send + Sync>;
+
+/// Serves `handler` on `listen` with `threads` workers (also used by tests/http_flow.rs).
+pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
+    let listener = Arc::new(TcpListener::bind(listen)?);
+    let addr = listener.local_addr()?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let workers = (0..threads.max(1))
         .map(|_| {
-            let (server, payments, stopping) = (
-                Arc::clone(&server),
-                Arc::clone(&payments),
+            let (listener, handler, stopping) = (
+                Arc::clone(&listener),
+                Arc::clone(&handler),
                 Arc::clone(&stopping),
             );
             std::thread::spawn(move || {
                 loop {
-                    match server.recv() {
-                        Ok(request) => serve(&payments, request),
-                        Err(_) if stopping.load(Ordering::SeqCst) => return,
+                    let accepted = listener.accept();
+                    if stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match accepted {
+                        Ok((stream, _)) => serve(&*handler, stream),
                         Err(err) => eprintln!("payments: accepting a connection failed: {err}"),
                     }
                 }
@@ -358,7 +384,6 @@ pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
         })
         .collect();
     Ok(Running {
-        server,
         addr,
         stopping,
         workers,
@@ -385,7 +410,8 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
         for _ in &self.workers {
-            self.server.unblock();
+            // Wakes one worker blocked in accept.
+            let _ = TcpStream::connect(self.addr);
         }
         for worker in self.workers.drain(..) {
             let _ = worker.join();
@@ -393,46 +419,101 @@ impl Drop for Running {
     }
 }
 
-fn serve(payments: &Payments, mut request: tiny_http::Request) {
-    let answer = match to_http_request(&mut request) {
-        Ok(http_request) => payments.handle(&http_request),
+fn serve(handler: &dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>, stream: TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut reader = BufReader::new(&stream);
+    let answer = match read_request(&mut reader) {
+        Ok(request) => handler(request),
         Err(problem) => problem.to_http(),
     };
-    let (parts, body) = answer.into_parts();
-    let mut response = tiny_http::Response::from_data(body)
-        .with_status_code(parts.status.as_u16())
-        .with_chunked_threshold(usize::MAX);
-    for (name, value) in &parts.headers {
-        if let Ok(header) = tiny_http::Header::from_bytes(name.as_str(), value.as_bytes()) {
-            response.add_header(header);
-        }
-    }
     // The client may be gone (a lost answer): its retry gets the stored answer.
-    let _ = request.respond(response);
+    let _ = write_response(&stream, answer);
 }
 
-/// The request as `http` types, with its body; or the problem if it is unreadable.
-fn to_http_request(request: &mut tiny_http::Request) -> Result<http::Request<Vec<u8>>, Problem> {
+fn write_response(mut stream: &TcpStream, answer: http::Response<Vec<u8>>) -> std::io::Result<()> {
+    let (parts, body) = answer.into_parts();
+    let reason = parts.status.canonical_reason().unwrap_or("");
+    let mut head = format!("HTTP/1.1 {} {reason}\r\n", parts.status.as_u16()).into_bytes();
+    for (name, value) in &parts.headers {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    let tail = format!(
+        "content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    head.extend_from_slice(tail.as_bytes());
+    head.extend_from_slice(&body);
+    stream.write_all(&head)
+}
+
+/// Reads one request (request line, headers, `Content-Length` body) into `http` types, or the
+/// problem to answer. Header values are bytes: a key with non-ASCII or control characters
+/// reaches the key parser or gets its 400 here, never a closed connection.
+fn read_request(reader: &mut impl BufRead) -> Result<http::Request<Vec<u8>>, Problem> {
     let bad = |what: &str| problem(StatusCode::BAD_REQUEST, "bad-request", "Bad request", what);
-    let mut builder = http::Request::builder()
-        .method(request.method().as_str())
-        .uri(request.url());
-    for header in request.headers() {
-        builder = builder.header(header.field.as_str().as_str(), header.value.as_str());
+    let line = read_line(reader).ok_or_else(|| bad("the request line could not be read"))?;
+    let line = String::from_utf8_lossy(&line).into_owned();
+    let mut words = line.split(' ');
+    let (Some(method), Some(target)) = (words.next(), words.next()) else {
+        return Err(bad("malformed request line"));
+    };
+    let mut builder = http::Request::builder().method(method).uri(target);
+    let mut length = 0u64;
+    let mut fields = 0;
+    loop {
+        let line = read_line(reader).ok_or_else(|| bad("the headers could not be read"))?;
+        if line.is_empty() {
+            break;
+        }
+        fields += 1;
+        if fields > 100 {
+            return Err(bad("too many header fields"));
+        }
+        let colon = line.iter().position(|&b| b == b':');
+        let Some(colon) = colon else {
+            return Err(bad("a header line has no ':'"));
+        };
+        let name = String::from_utf8_lossy(&line[..colon])
+            .trim()
+            .to_ascii_lowercase();
+        let value = line[colon + 1..].trim_ascii();
+        let Ok(header_value) = http::HeaderValue::from_bytes(value) else {
+            return Err(match name.as_str() {
+                "idempotency-key" => Problem::invalid_key("the value has a control character"),
+                _ => bad(&format!("header {name} has a control character")),
+            });
+        };
+        if name == "content-length" {
+            let text = std::str::from_utf8(value).unwrap_or("");
+            length = text.parse().map_err(|_| bad("malformed Content-Length"))?;
+        }
+        builder = builder.header(name.as_str(), header_value);
     }
-    let mut body = Vec::new();
-    if request
-        .as_reader()
-        .take(MAX_BODY + 1)
-        .read_to_end(&mut body)
-        .is_err()
-    {
-        return Err(bad("the body could not be read"));
-    }
-    if body.len() as u64 > MAX_BODY {
+    if length > MAX_BODY {
         let detail = format!("the body is larger than {MAX_BODY} bytes");
         let status = StatusCode::PAYLOAD_TOO_LARGE;
         return Err(problem(status, "too-large", "Body too large", &detail));
     }
+    let mut body = vec![0; length as usize];
+    reader
+        .read_exact(&mut body)
+        .map_err(|_| bad("the body could not be read"))?;
     builder.body(body).map_err(|e| bad(&e.to_string()))
+}
+
+/// One CRLF-terminated line without its end, at most 16 KiB; `None` if it cannot be read.
+fn read_line(reader: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut line = Vec::new();
+    let read = reader.take(16 * 1024).read_until(b'\n', &mut line).ok()?;
+    if read == 0 || line.last() != Some(&b'\n') {
+        return None;
+    }
+    line.pop();
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    Some(line)
 }

@@ -1,5 +1,7 @@
 //! One API over every backend: the [`IdempotencyStore`] trait.
 
+use std::time::{Duration, Instant};
+
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -61,6 +63,43 @@ pub trait IdempotencyStore: Send + Sync {
     /// After a storage error on the write path the claim may have landed; its lease then
     /// lapses normally.
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;
+
+    /// Like [`claim`](IdempotencyStore::claim), but while the key is in progress, waits up to
+    /// `timeout` for it to settle: returns the replay once the holder completes,
+    /// [`Claim::Acquired`] once it releases or its lease lapses, [`Claim::InProgress`] if the
+    /// time runs out first. See [`Store::claim_wait`](crate::Store::claim_wait), which wakes
+    /// on the settling call in its process.
+    ///
+    /// The default re-claims with a backoff (10 ms doubling up to 250 ms, never past the
+    /// deadline), which is what a store shared by several processes can do. It blocks the
+    /// calling thread: from async code, call it on the blocking pool.
+    ///
+    /// # Errors
+    /// As for [`claim`](IdempotencyStore::claim).
+    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let claim = self.claim(key, fingerprint)?;
+            let now = Instant::now();
+            if !matches!(claim, Claim::InProgress { .. }) || now >= deadline {
+                return Ok(claim);
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// The store's current time, the one its leases and expiry are counted in (for example to
+    /// turn a lease's end into a `Retry-After`). The default is the system clock.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the backend has to ask a server for its time and cannot.
+    fn now(&self) -> Result<Timestamp> {
+        Ok(crate::api::clock::Clock::now(
+            &crate::api::clock::SystemClock,
+        ))
+    }
 
     /// Stores the response for the lease's key and ends the lease; fenced by the lease's
     /// token. See [`Store::complete`](crate::Store::complete).
@@ -195,6 +234,19 @@ macro_rules! forward {
         impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr {
             fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
                 (**self).claim(key, fingerprint)
+            }
+
+            fn claim_wait(
+                &self,
+                key: &Key,
+                fingerprint: Fingerprint,
+                timeout: Duration,
+            ) -> Result<Claim> {
+                (**self).claim_wait(key, fingerprint, timeout)
+            }
+
+            fn now(&self) -> Result<Timestamp> {
+                (**self).now()
             }
 
             fn complete(&self, lease: &Lease, response: Response) -> Result<()> {

@@ -34,14 +34,26 @@ impl Fingerprint {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
-        let mut hasher = blake3::Hasher::new_derive_key(CONTEXT);
+        Fingerprint::derive(VERSION, CONTEXT, parts)
+    }
+
+    /// The algorithm of [`of`](Fingerprint::of) under another version and blake3 context, for
+    /// fingerprint policies that must never compare equal to version 1 (see
+    /// `http::FingerprintPolicy`).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn derive<I>(version: u8, context: &str, parts: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let mut hasher = blake3::Hasher::new_derive_key(context);
         for part in parts {
             let part = part.as_ref();
             hasher.update(&(part.len() as u64).to_le_bytes());
             hasher.update(part);
         }
         Fingerprint {
-            version: VERSION,
+            version,
             digest: *hasher.finalize().as_bytes(),
         }
     }
@@ -53,7 +65,8 @@ impl Fingerprint {
         Fingerprint { version, digest }
     }
 
-    /// The algorithm version (currently 1).
+    /// The algorithm version: 1 for [`of`](Fingerprint::of); the HTTP layer's structured
+    /// policies (canonical JSON, unordered query, selected headers) use 2.
     #[must_use]
     pub const fn version(&self) -> u8 {
         self.version

@@ -83,6 +83,20 @@ impl Lease {
         self.lease_until
     }
 
+    /// A second handle on the same lease (same key and token, no checkpoint), for a
+    /// background heartbeat that runs while the handler holds the first one. Fencing is by
+    /// token, so either handle settles the lease, and the other then gets `LeaseLost`.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn twin(&self) -> Lease {
+        Lease {
+            key: self.key.clone(),
+            token: self.token,
+            attempt: self.attempt,
+            lease_until: self.lease_until,
+            checkpoint: None,
+        }
+    }
+
     /// The last recovery point stored for this operation: on a takeover, the previous
     /// attempt's; after [`Store::checkpoint`](crate::Store::checkpoint), this lease's own.
     #[must_use]

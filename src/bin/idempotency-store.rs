@@ -772,7 +772,7 @@ impl std::ops::Deref for Target {
 impl Target {
     fn now(&self) -> Result<Timestamp, Error> {
         match self {
-            Target::File(store) => Ok(store.now()),
+            Target::File(store) => Ok(Store::now(store)),
             Target::Pg(store) => store.now(),
         }
     }

@@ -72,6 +72,25 @@
 //! be the wrong answer. Convert a response with [`to_http`] *before* storing it, and a replay
 //! can never fail this way.
 
+mod canonical_json;
+mod flow;
+mod handle;
+mod heartbeat;
+mod options;
+mod policy;
+mod retry_after;
+#[cfg(feature = "tower")]
+pub mod tower;
+mod view;
+
+pub use self::handle::handle;
+pub use self::heartbeat::LeaseWatch;
+pub use self::options::{
+    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, Release, release,
+};
+pub use self::policy::{FingerprintPolicy, STRUCTURED_VERSION};
+pub use self::view::RequestView;
+
 use ::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use ::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
@@ -113,15 +132,25 @@ pub mod problem_type {
     /// 500: the server failed; the request may or may not have been applied.
     pub const INTERNAL: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#internal";
+    /// 413: the body of an idempotent request is over the limit ([`handle`](super::handle)'s
+    /// `max_body`).
+    pub const TOO_LARGE: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#too-large";
+
+    /// 400: the body of an idempotent request could not be read (the tower layer).
+    pub const INVALID_BODY: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#invalid-body";
 
     #[cfg(test)]
-    pub(super) const ALL: [&str; 6] = [
+    pub(super) const ALL: [&str; 8] = [
+        INVALID_BODY,
         MISSING_KEY,
         INVALID_KEY,
         KEY_REUSED,
         IN_PROGRESS,
         STORE_FULL,
         INTERNAL,
+        TOO_LARGE,
     ];
 }
 
@@ -995,7 +1024,7 @@ mod tests {
     }
 
     #[test]
-    fn decide_maps_every_claim() -> crate::Result<()> {
+    fn decide_maps_every_claim() -> crate::error::Result<()> {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
         let store = Store::builder()
             .lease(Duration::from_millis(2_500))

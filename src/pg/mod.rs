@@ -557,6 +557,10 @@ impl PgStore {
 }
 
 impl IdempotencyStore for PgStore {
+    fn now(&self) -> Result<Timestamp> {
+        PgStore::now(self)
+    }
+
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         self.check_key(key)?;
         let (scope, name) = parts(key);

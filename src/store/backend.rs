@@ -1,5 +1,7 @@
 //! The redb [`Store`] as an [`IdempotencyStore`]: every call forwards to the inherent method.
 
+use std::time::Duration;
+
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
@@ -13,6 +15,14 @@ use crate::store::Store;
 impl IdempotencyStore for Store {
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         Store::claim(self, key, fingerprint)
+    }
+
+    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
+        Store::claim_wait(self, key, fingerprint, timeout)
+    }
+
+    fn now(&self) -> Result<Timestamp> {
+        Ok(Store::now(self))
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {

@@ -1,0 +1,219 @@
+//! The steps of one covered request, shared by the sync [`handle`](super::handle) and the
+//! tower layer: each store call is its own step so that the layer can run it on the blocking
+//! pool.
+
+use std::time::{Duration, Instant};
+
+use ::http::{HeaderMap, Method, StatusCode};
+
+use super::options::{HandleOptions, Release};
+use super::view::RequestView;
+use super::{
+    IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay,
+};
+use crate::api::backend::IdempotencyStore;
+use crate::api::clock::Clock;
+use crate::api::clock::SystemClock;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::Claim;
+use crate::api::outcome::Lease;
+use crate::error::Error;
+
+type Answer = ::http::Response<Vec<u8>>;
+
+/// What the request needs after its headers were read.
+pub(crate) enum Screen {
+    /// Not covered (method, or no key where none is required): straight to the handler.
+    Pass,
+    /// Covered: read the body, then make a [`Ticket`].
+    Covered,
+}
+
+/// A covered request, ready to claim.
+pub(crate) struct Ticket {
+    pub(crate) key: Key,
+    pub(crate) fingerprint: Fingerprint,
+    previous: Option<Fingerprint>,
+    pub(crate) route: String,
+}
+
+/// After the claim: run the handler, or send this answer.
+pub(crate) enum Decided {
+    Run(Lease),
+    Answer(Answer),
+}
+
+pub(crate) fn screen(options: &HandleOptions, method: &Method, headers: &HeaderMap) -> Screen {
+    if !options.covers(method) || (!options.key_required && !headers.contains_key(IDEMPOTENCY_KEY))
+    {
+        Screen::Pass
+    } else {
+        Screen::Covered
+    }
+}
+
+/// 413 for a body over the limit.
+pub(crate) fn too_large(max: usize) -> Answer {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        problem_type::TOO_LARGE,
+        "Request body too large",
+        format!("The body of an idempotent request may have at most {max} bytes."),
+    )
+    .to_http()
+}
+
+/// The key (400 if it is missing or malformed, 500 for a bad scope) and the fingerprints.
+pub(crate) fn ticket(
+    options: &HandleOptions,
+    request: &RequestView<'_>,
+) -> Result<Ticket, Box<Answer>> {
+    if request.body.len() > options.max_body {
+        return Err(Box::new(too_large(options.max_body)));
+    }
+    let scope = options.scope.as_ref().and_then(|scope| scope(request));
+    let key = key_from_headers(request.headers, scope.as_deref()).map_err(|err| {
+        if let KeyError::InvalidScope { .. } = err {
+            options.report(&err);
+        }
+        Box::new(err.problem().to_http())
+    })?;
+    Ok(Ticket {
+        key,
+        fingerprint: options.fingerprint.fingerprint(request),
+        previous: options
+            .previous_fingerprint
+            .as_ref()
+            .map(|policy| policy.fingerprint(request)),
+        route: format!("{} {}", request.method, request.uri.path()),
+    })
+}
+
+/// Claims (or waits, with the options' bound); a record stored under the previous policy is
+/// claimed with the previous fingerprint. Blocks.
+pub(crate) fn claim<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    ticket: &Ticket,
+) -> crate::error::Result<Claim> {
+    let attempt = |fingerprint| {
+        if options.wait.is_zero() {
+            store.claim(&ticket.key, fingerprint)
+        } else {
+            store.claim_wait(&ticket.key, fingerprint, options.wait)
+        }
+    };
+    match attempt(ticket.fingerprint)? {
+        Claim::Mismatch { stored } if Some(stored) == ticket.previous => attempt(stored),
+        claim => Ok(claim),
+    }
+}
+
+/// Maps the claim to the handler's run, a replay, 409 or 422. Blocks (for the store's time
+/// on a 409).
+pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    ticket: &Ticket,
+    claim: crate::error::Result<Claim>,
+) -> Decided {
+    let claim = match claim {
+        Ok(claim) => claim,
+        Err(err) => return Decided::Answer(failed(options, &err)),
+    };
+    Decided::Answer(match claim {
+        Claim::Acquired(lease) => return Decided::Run(lease),
+        Claim::Completed(stored) => replay(stored.response).unwrap_or_else(|err| {
+            options.report(&err);
+            Problem::internal().to_http()
+        }),
+        Claim::InProgress { lease_until, .. } => {
+            let now = now(store);
+            let seconds = options
+                .durations
+                .retry_after(&ticket.route, lease_until, now);
+            Problem::in_progress(lease_until, now)
+                .with_retry_after(seconds)
+                .to_http()
+        }
+        Claim::Mismatch { stored } if stored.version() != ticket.fingerprint.version() => {
+            let mut problem = Problem::mismatch();
+            problem.detail = format!(
+                "This Idempotency-Key was stored under fingerprint version {}, and the server \
+                 now compares requests with version {}: the server changed how it compares \
+                 requests. Use a new key for this request.",
+                stored.version(),
+                ticket.fingerprint.version()
+            );
+            problem.to_http()
+        }
+        Claim::Mismatch { .. } => Problem::mismatch().to_http(),
+    })
+}
+
+/// The store's time, or the system's if the store cannot tell.
+pub(crate) fn now<S: IdempotencyStore + ?Sized>(store: &S) -> Timestamp {
+    store.now().unwrap_or_else(|_| SystemClock.now())
+}
+
+/// How often to heartbeat a fresh lease, or `None` when the options turn it off. Blocks.
+pub(crate) fn heartbeat_period<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+) -> Option<Duration> {
+    options
+        .heartbeat
+        .then(|| super::heartbeat::period(lease, now(store)))
+}
+
+/// Stores or releases what the handler returned and gives the client's answer. Blocks.
+pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    ticket: &Ticket,
+    lease: &Lease,
+    response: Answer,
+    started: Instant,
+) -> Answer {
+    options.durations.record(&ticket.route, started.elapsed());
+    let releases = response.extensions().get::<Release>().is_some()
+        || options.finality.releases(response.status());
+    if releases {
+        match store.release(lease) {
+            Ok(()) | Err(Error::LeaseLost) => {}
+            Err(err) => options.report(&err),
+        }
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let extensions = std::mem::take(&mut parts.extensions);
+    let stored = from_http(::http::Response::from_parts(parts.clone(), body.clone()));
+    let completed = match &options.complete {
+        Some(hook) => hook(lease, stored, &extensions),
+        None => store.complete(lease, stored).map(Ok),
+    };
+    match completed {
+        Ok(Ok(())) => {
+            parts.extensions = extensions;
+            ::http::Response::from_parts(parts, body)
+        }
+        Ok(Err(err)) => {
+            options.report(&*err);
+            // Nothing was stored: let the retry run afresh.
+            if let Err(err) = store.release(lease) {
+                options.report(&err);
+            }
+            Problem::internal().to_http()
+        }
+        Err(err) => failed(options, &err),
+    }
+}
+
+/// The answer for a store error, reported first.
+pub(crate) fn failed(options: &HandleOptions, err: &Error) -> Answer {
+    options.report(err);
+    Problem::from_error(err).to_http()
+}

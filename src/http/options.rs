@@ -1,0 +1,280 @@
+//! The options of [`handle`](super::handle) and of the tower layer, with their defaults.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::{Extensions, Method, StatusCode};
+
+use super::policy::FingerprintPolicy;
+use super::retry_after::Durations;
+use super::view::RequestView;
+use crate::api::outcome::Lease;
+use crate::api::response::Response;
+
+/// A boxed error of a completion hook or of a response body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Marks a handler's response as "release the key, let the retry run afresh": insert it into
+/// the response's extensions (`response.extensions_mut().insert(Release)`) or use
+/// [`release`]. The client gets the response; nothing is stored. Use it for answers that
+/// changed nothing, for example a validation error the client will fix, or a dependency that
+/// was unreachable before any side effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Release;
+
+/// `response`, marked with [`Release`].
+#[must_use]
+pub fn release<B>(mut response: ::http::Response<B>) -> ::http::Response<B> {
+    response.extensions_mut().insert(Release);
+    response
+}
+
+/// Which handler answers are final (stored and replayed) and which release the key.
+///
+/// A response marked with [`Release`] always releases; the rule decides for the others.
+#[derive(Clone, Default)]
+pub enum Finality {
+    /// Every answer the handler returned is the answer, errors included (the IETF draft's
+    /// and Stripe's rule). The default.
+    #[default]
+    Everything,
+    /// 5xx answers release the key (the handler failed, the retry runs again); everything else
+    /// is final. For handlers whose 5xx answers never follow a side effect.
+    ReleaseServerErrors,
+    /// Your rule: `true` releases.
+    Custom(Arc<dyn Fn(StatusCode) -> bool + Send + Sync>),
+}
+
+impl Finality {
+    pub(crate) fn releases(&self, status: StatusCode) -> bool {
+        match self {
+            Finality::Everything => false,
+            Finality::ReleaseServerErrors => status.is_server_error(),
+            Finality::Custom(f) => f(status),
+        }
+    }
+}
+
+impl fmt::Debug for Finality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Finality::Everything => f.write_str("Everything"),
+            Finality::ReleaseServerErrors => f.write_str("ReleaseServerErrors"),
+            Finality::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// Stores a final answer in place of [`IdempotencyStore::complete`](crate::IdempotencyStore::complete),
+/// for example with [`Store::complete_with`](crate::Store::complete_with) to write the
+/// application's own rows in the same transaction. It gets the lease, the response to store
+/// and the handler's response extensions (where the handler can leave what the hook writes).
+///
+/// Return what `complete_with` returns: `Err` for a store error (mapped as by
+/// [`Problem::from_error`](super::Problem::from_error)); `Ok(Err(_))` when your own write
+/// failed and nothing was stored: the key is then released and the client gets a 500.
+pub type CompleteHook = Arc<
+    dyn Fn(&Lease, Response, &Extensions) -> crate::error::Result<Result<(), BoxError>>
+        + Send
+        + Sync,
+>;
+
+type ScopeFn = Arc<dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync>;
+type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
+
+/// How [`handle`](super::handle) and the tower layer treat requests. Built with chained
+/// calls from [`HandleOptions::new`]; cheap to clone (the layer clones it per request).
+///
+/// | option | default |
+/// |---|---|
+/// | [`methods`](HandleOptions::methods) covered (others pass through untouched) | `POST`, `PATCH` |
+/// | [`key_required`](HandleOptions::key_required) | `true`: 400 without a key (`false`: pass through) |
+/// | [`scope`](HandleOptions::scope) | none (keys are global) |
+/// | [`fingerprint`](HandleOptions::fingerprint) | [`FingerprintPolicy::raw`] |
+/// | [`previous_fingerprint`](HandleOptions::previous_fingerprint) | none |
+/// | [`wait`](HandleOptions::wait) for the attempt in flight | zero: 409 at once |
+/// | [`finality`](HandleOptions::finality) | [`Finality::Everything`] |
+/// | [`max_body`](HandleOptions::max_body) | 1 MiB, 413 beyond |
+/// | [`expected_duration`](HandleOptions::expected_duration) for `Retry-After` | none: measured per route |
+/// | [`heartbeat`](HandleOptions::heartbeat) | on, every third of the lease |
+/// | [`complete_with`](HandleOptions::complete_with) | [`IdempotencyStore::complete`](crate::IdempotencyStore::complete) |
+#[derive(Clone)]
+pub struct HandleOptions {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_required: bool,
+    pub(crate) scope: Option<ScopeFn>,
+    pub(crate) fingerprint: FingerprintPolicy,
+    pub(crate) previous_fingerprint: Option<FingerprintPolicy>,
+    pub(crate) wait: Duration,
+    pub(crate) finality: Finality,
+    pub(crate) max_body: usize,
+    pub(crate) durations: Arc<Durations>,
+    pub(crate) heartbeat: bool,
+    pub(crate) complete: Option<CompleteHook>,
+    pub(crate) on_error: Option<ErrorFn>,
+}
+
+/// The default [`HandleOptions::max_body`]: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+
+impl Default for HandleOptions {
+    fn default() -> Self {
+        HandleOptions {
+            methods: vec![Method::POST, Method::PATCH],
+            key_required: true,
+            scope: None,
+            fingerprint: FingerprintPolicy::raw(),
+            previous_fingerprint: None,
+            wait: Duration::ZERO,
+            finality: Finality::Everything,
+            max_body: DEFAULT_MAX_BODY,
+            durations: Arc::new(Durations::default()),
+            heartbeat: true,
+            complete: None,
+            on_error: None,
+        }
+    }
+}
+
+impl fmt::Debug for HandleOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandleOptions")
+            .field("methods", &self.methods)
+            .field("key_required", &self.key_required)
+            .field("scope", &self.scope.is_some())
+            .field("fingerprint", &self.fingerprint)
+            .field("previous_fingerprint", &self.previous_fingerprint)
+            .field("wait", &self.wait)
+            .field("finality", &self.finality)
+            .field("max_body", &self.max_body)
+            .field("heartbeat", &self.heartbeat)
+            .field("complete_with", &self.complete.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandleOptions {
+    /// The defaults (see the table above).
+    #[must_use]
+    pub fn new() -> Self {
+        HandleOptions::default()
+    }
+
+    /// The methods that need a key; requests with other methods pass through to the handler
+    /// without touching the store.
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// `true` (default): a covered request without `Idempotency-Key` gets 400. `false`: it
+    /// passes through to the handler, unprotected.
+    #[must_use]
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.key_required = required;
+        self
+    }
+
+    /// The scope of the request's key (the IETF draft's composite key), for example the
+    /// authenticated client, so that two clients never share records. `None` leaves the key
+    /// unscoped. A scope that is not a valid [`Key`](crate::Key) gets a 500 (a server bug).
+    #[must_use]
+    pub fn scope(
+        mut self,
+        scope: impl Fn(&RequestView<'_>) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.scope = Some(Arc::new(scope));
+        self
+    }
+
+    /// How requests are compared; see [`FingerprintPolicy`].
+    #[must_use]
+    pub fn fingerprint(mut self, policy: FingerprintPolicy) -> Self {
+        self.fingerprint = policy;
+        self
+    }
+
+    /// The policy used before the current one: records stored under it keep replaying (see
+    /// [`FingerprintPolicy`], "Changing the policy of a running service").
+    #[must_use]
+    pub fn previous_fingerprint(mut self, policy: FingerprintPolicy) -> Self {
+        self.previous_fingerprint = Some(policy);
+        self
+    }
+
+    /// How long a duplicate waits for the attempt in flight (with `claim_wait`) before it
+    /// gets 409. Zero (default): 409 at once.
+    #[must_use]
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Which answers are final; see [`Finality`].
+    #[must_use]
+    pub fn finality(mut self, finality: Finality) -> Self {
+        self.finality = finality;
+        self
+    }
+
+    /// The largest body a covered request may have; larger ones get 413 before the store is
+    /// touched. The tower layer buffers at most this much.
+    #[must_use]
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    /// How long a run usually takes, for the 409's `Retry-After` until this process has
+    /// measured the route itself (see [`handle`](super::handle), "Retry-After").
+    #[must_use]
+    pub fn expected_duration(mut self, duration: Duration) -> Self {
+        self.durations = Arc::new(Durations::with_prior(duration));
+        self
+    }
+
+    /// `true` (default): while a handler runs, its lease is extended every third of the lease,
+    /// so a slow handler is not taken over while it is alive (see [`handle`](super::handle),
+    /// "Heartbeat").
+    #[must_use]
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat = on;
+        self
+    }
+
+    /// Stores final answers with `hook` instead of `complete`; see [`CompleteHook`].
+    #[must_use]
+    pub fn complete_with(
+        mut self,
+        hook: impl Fn(&Lease, Response, &Extensions) -> crate::error::Result<Result<(), BoxError>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.complete = Some(Arc::new(hook));
+        self
+    }
+
+    /// Called with every error that turned into a 500 or a 409 after a lost lease (a store
+    /// error, a failed completion hook, a stored response `http` cannot send), for logging.
+    #[must_use]
+    pub fn on_error(
+        mut self,
+        log: impl Fn(&(dyn std::error::Error + 'static)) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_error = Some(Arc::new(log));
+        self
+    }
+
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    pub(crate) fn report(&self, err: &(dyn std::error::Error + 'static)) {
+        if let Some(log) = &self.on_error {
+            log(err);
+        }
+    }
+}
