@@ -539,6 +539,45 @@ fn holder(token: u64) -> usize {
     usize::try_from(token).unwrap_or(usize::MAX - 1)
 }
 
+/// Times of calls that only other calls reveal: completions (through `completed_at`) and
+/// grants nobody received (through `created_at` and lease deadlines).
+struct Revealed {
+    completions: Vec<u64>,
+    grants: Vec<u64>,
+}
+
+impl Revealed {
+    fn of(ops: &[&Op], lease_ms: u64) -> Revealed {
+        let mut grants: Vec<u64> = ops
+            .iter()
+            .flat_map(|op| match &op.ret {
+                Ret::View(Some(view)) => {
+                    let mut times = vec![view.created_at.as_millis()];
+                    if let RecordState::InProgress { lease_until, .. } = &view.state {
+                        times.push(lease_until.as_millis().saturating_sub(lease_ms));
+                    }
+                    times
+                }
+                Ret::Claim {
+                    shape: Shape::InProgress { lease_until, .. },
+                    ..
+                } => vec![lease_until.as_millis().saturating_sub(lease_ms)],
+                Ret::Claim {
+                    shape: Shape::Completed(replay),
+                    ..
+                } => vec![replay.created_at.as_millis()],
+                _ => Vec::new(),
+            })
+            .collect();
+        grants.sort_unstable();
+        grants.dedup();
+        Revealed {
+            completions: revealed_completions(ops),
+            grants,
+        }
+    }
+}
+
 /// Completion times that reads of key `k` revealed (a completion's `now` is otherwise not
 /// visible).
 fn revealed_completions(ops: &[&Op]) -> Vec<u64> {
@@ -573,7 +612,7 @@ struct Node {
 /// The Wing–Gong search (in the form of Lowe's and porcupine's, with memoisation) over key
 /// `k`'s calls. Returns the states visited and, if there is no linearization, why.
 fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
-    let revealed = revealed_completions(ops);
+    let revealed = Revealed::of(ops, times.lease_ms);
     let n = ops.len();
     let mut events: Vec<(u64, usize, bool)> = Vec::with_capacity(2 * n);
     for (i, op) in ops.iter().enumerate() {
@@ -609,11 +648,6 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
         let mut rng = Rng::new(0x5eed ^ k as u64);
         (0..n).map(|_| rng.next()).collect()
     };
-    let unlink = |nodes: &mut Vec<Node>, at: usize| {
-        let Node { prev, next, .. } = nodes[at];
-        nodes[prev].next = next;
-        nodes[next].prev = prev;
-    };
     let relink = |nodes: &mut Vec<Node>, at: usize| {
         let Node { prev, next, .. } = nodes[at];
         nodes[prev].next = at;
@@ -622,31 +656,61 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     let mut state = State::new(Model::with_times(times.lease_ms, times.retention_ms), 0);
     let mut linear = 0u64;
-    let mut stack: Vec<(usize, State, Vec<State>)> = Vec::new();
+    // Each frame: the call node, the state before, the untried candidates, and whether the
+    // chosen candidate linearized the call (an intermediate step of `claim_wait` does not).
+    let mut stack: Vec<(usize, State, Vec<Step>, bool)> = Vec::new();
     let mut deepest: (usize, usize, String) = (0, usize::MAX, String::new());
     let mut at = nodes[head].next;
+    let choose = |at: usize,
+                  mut cands: Vec<Step>,
+                  state: &mut State,
+                  linear: &mut u64,
+                  nodes: &mut Vec<Node>,
+                  stack: &mut Vec<(usize, State, Vec<Step>, bool)>,
+                  seen: &mut HashSet<(u64, u64)>|
+     -> bool {
+        let op = nodes[at].op;
+        let Some(step) = take_new(seen, &mut cands, *linear, zobrist[op]) else {
+            return false;
+        };
+        let before = std::mem::replace(state, step.state);
+        stack.push((at, before, cands, step.lifts));
+        if step.lifts {
+            *linear ^= zobrist[op];
+            let Node { prev, next, .. } = nodes[at];
+            nodes[prev].next = next;
+            nodes[next].prev = prev;
+            let r = ret_of[op];
+            let Node { prev, next, .. } = nodes[r];
+            nodes[prev].next = next;
+            nodes[next].prev = prev;
+        }
+        true
+    };
     while nodes[head].next != head {
         let node = nodes[at];
         if node.call {
-            let op = node.op;
-            let mut cands = successors(k, op, ops[op], &state, times, &revealed);
-            if let Some(next) = take_new(&mut seen, &mut cands, linear ^ zobrist[op]) {
-                let before = std::mem::replace(&mut state, next);
-                stack.push((at, before, cands));
-                linear ^= zobrist[op];
-                unlink(&mut nodes, at);
-                unlink(&mut nodes, ret_of[op]);
-                at = nodes[head].next;
+            let cands = steps(k, node.op, ops[node.op], &state, times, &revealed);
+            at = if choose(
+                at,
+                cands,
+                &mut state,
+                &mut linear,
+                &mut nodes,
+                &mut stack,
+                &mut seen,
+            ) {
+                nodes[head].next
             } else {
-                at = node.next;
-            }
+                node.next
+            };
             continue;
         }
         // A return whose call is not linearized yet: undo the last choice.
         if stack.len() >= deepest.0 && deepest.1 != node.op {
             deepest = (stack.len(), node.op, format!("{state:?}"));
         }
-        let Some((call, before, mut cands)) = stack.pop() else {
+        let Some((call, before, cands, lifted)) = stack.pop() else {
             let stuck = ops
                 .get(deepest.1)
                 .map_or_else(String::new, |op| format!("{op:?}"));
@@ -654,35 +718,94 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
                 seen.len() as u64,
                 Some(format!(
                     "key {k}: not linearizable ({n} calls); the longest linearized prefix has {} \
-                     calls, then no order fits the call {stuck}\nmodel state there: {}",
+                     steps, then no order fits the call {stuck}\nmodel state there: {}",
                     deepest.0, deepest.2
                 )),
             );
         };
         let op = nodes[call].op;
-        relink(&mut nodes, ret_of[op]);
-        relink(&mut nodes, call);
-        linear ^= zobrist[op];
-        state = before;
-        if let Some(next) = take_new(&mut seen, &mut cands, linear ^ zobrist[op]) {
-            let before = std::mem::replace(&mut state, next);
-            stack.push((call, before, cands));
+        if lifted {
+            relink(&mut nodes, ret_of[op]);
+            relink(&mut nodes, call);
             linear ^= zobrist[op];
-            unlink(&mut nodes, call);
-            unlink(&mut nodes, ret_of[op]);
-            at = nodes[head].next;
-        } else {
-            at = nodes[call].next;
         }
+        state = before;
+        at = if choose(
+            call,
+            cands,
+            &mut state,
+            &mut linear,
+            &mut nodes,
+            &mut stack,
+            &mut seen,
+        ) {
+            nodes[head].next
+        } else {
+            nodes[call].next
+        };
     }
     (seen.len() as u64, None)
 }
 
-/// The first candidate whose (linearized set, state) the search has not visited yet.
-fn take_new(seen: &mut HashSet<(u64, u64)>, cands: &mut Vec<State>, linear: u64) -> Option<State> {
-    while let Some(s) = cands.pop() {
-        if seen.insert((linear, s.digest())) {
-            return Some(s);
+/// A possible effect of a call on the model: the state after it, and whether it completes
+/// the call (`lifts`) or is an intermediate step that leaves the call pending.
+struct Step {
+    state: State,
+    lifts: bool,
+}
+
+/// The call's possible effects: its outcomes (tried first), then, for a `claim_wait`, a grant
+/// whose lease lapsed before the wait's next claim (the store answers it "as if lost", and
+/// `claim_wait` claims again: the grant is visible to others, the call goes on).
+fn steps(
+    k: usize,
+    i: usize,
+    op: &Op,
+    state: &State,
+    times: Times,
+    revealed: &Revealed,
+) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::new();
+    if let Call::Claim { fp, wait: true } = op.call {
+        let from = revealed.grants.partition_point(|&t| t < op.before);
+        let to = revealed.grants.partition_point(|&t| t <= op.after);
+        let grants = revealed.grants[from..to].iter().copied();
+        for now in std::iter::once(op.before)
+            .chain(state.model.deadlines(k))
+            .chain(grants)
+        {
+            if now < op.before || now + times.lease_ms > op.after {
+                continue;
+            }
+            let mut model = state.model.clone();
+            if let Shape::Acquired { .. } = model.claim(k, fp, now, usize::MAX - 1 - i) {
+                out.push(Step {
+                    state: State::new(model, state.last_token),
+                    lifts: false,
+                });
+            }
+        }
+    }
+    out.extend(
+        successors(k, i, op, state, times, &revealed.completions)
+            .into_iter()
+            .map(|state| Step { state, lifts: true }),
+    );
+    out
+}
+
+/// The first candidate (from the back) whose (linearized set, state) the search has not
+/// visited yet; `zobrist` is the call's share of the set's hash.
+fn take_new(
+    seen: &mut HashSet<(u64, u64)>,
+    cands: &mut Vec<Step>,
+    linear: u64,
+    zobrist: u64,
+) -> Option<Step> {
+    while let Some(step) = cands.pop() {
+        let set = if step.lifts { linear ^ zobrist } else { linear };
+        if seen.insert((set, step.state.digest())) {
+            return Some(step);
         }
     }
     None
