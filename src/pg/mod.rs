@@ -24,7 +24,7 @@ use crate::store::maintenance::{Stats, VerifyReport};
 use crate::store::view;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
@@ -45,17 +45,17 @@ const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
 const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
 
-/// The start of every statement that acquires a key (`$2` scope, `$3` key): `l` takes the
-/// key's advisory lock, so that claims of one key run one at a time; `w` then locks the key's
-/// row if there is one (waiting out a release, completion or sweep in flight); only then does
-/// `c` read the time. Each CTE reads the one before it, which fixes their order.
-fn claim_lock(t: &str, scope: &str, key: &str) -> String {
+/// The start of every statement that acquires a key (`$2` scope, `$3` key): `w` calls
+/// `idempotency_lock_key` (migration 2), which takes the key's advisory lock, so that claims of
+/// one key run one at a time, and then locks the key's row if there is one (waiting out a
+/// release, completion or sweep in flight); only then does `c` read the time. The function's
+/// row lock runs on a snapshot taken after the advisory lock (a volatile function's queries
+/// each take a fresh one), so it also sees a row that the claim it waited for committed; the
+/// statement's own snapshot, taken before the wait, would not.
+fn claim_lock(schema: &str, scope: &str, key: &str) -> String {
     format!(
-        "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
-             hashtext({scope}::text || chr(1) || {key}::text))), \
-         w AS MATERIALIZED (SELECT count(*) AS n FROM ( \
-             SELECT 1 FROM {t} AS x WHERE x.scope = {scope}::text AND x.key = {key}::text \
-             AND (SELECT 1 FROM l) = 1 FOR UPDATE OF x) AS held)"
+        "WITH w AS MATERIALIZED (SELECT \"{schema}\".idempotency_lock_key({scope}::text, \
+         {key}::text) AS n)"
     )
 }
 
@@ -122,6 +122,8 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 ///     PRIMARY KEY (scope, key)
 /// );
 /// CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+/// CREATE FUNCTION idempotency_lock_key(scope text, key text) RETURNS bigint ...;
+///                                                 -- a claim's locks (see "Statements")
 /// CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, ...);
 /// ```
 ///
@@ -142,10 +144,12 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// concurrent claimers exactly one gets the row. A claimer that loses a race (the row was
 /// released or swept between two statements, or another claimer took it over) starts again.
 ///
-/// Both statements that acquire a key first take a transaction-scoped advisory lock on the
-/// key (`pg_advisory_xact_lock(0x6964656d, hashtext(scope || chr(1) || key))`, the two-`int4`
-/// form: keep that class free in your own advisory locks) and lock the key's row if it
-/// exists, and only then read the time and draw the token from the sequence. So claims of one
+/// Both statements that acquire a key first call `idempotency_lock_key(scope, key)`, which
+/// takes a transaction-scoped advisory lock on the key (`pg_advisory_xact_lock(0x6964656d,
+/// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
+/// advisory locks) and then locks the key's row if it exists (on a fresh snapshot, so a row
+/// committed while it waited counts), and only then read the time and draw the token from
+/// the sequence. So claims of one
 /// key run one at a time (claims of other keys do not wait, apart from a rare hash
 /// collision), and a claim that waited behind another claim, a release, a completion or a
 /// sweep is stamped after it: per key, tokens strictly increase in the order of acquisition
@@ -754,10 +758,10 @@ impl Sql {
         let locked_now = format!(
             "{}, c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
              floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now FROM w)",
-            claim_lock(&t, "$2", "$3")
+            claim_lock(schema, "$2", "$3")
         );
         Sql {
-            lock: format!("{} SELECT n FROM w", claim_lock(&t, "$1", "$2")),
+            lock: format!("{} SELECT n FROM w", claim_lock(schema, "$1", "$2")),
             insert: format!(
                 "{locked_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
                  token, attempt, lease_until, created_at, expires_at) \
@@ -932,13 +936,14 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 2] {
     let s = format!("\"{schema}\"");
-    [(
-        1,
-        "idempotency_keys table, token sequence, expires_at index",
-        format!(
-            "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
+    [
+        (
+            1,
+            "idempotency_keys table, token sequence, expires_at index",
+            format!(
+                "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
              CREATE TABLE {s}.idempotency_keys ( \
                  scope               text     NOT NULL, \
                  key                 text     NOT NULL, \
@@ -958,8 +963,22 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
                  expires_at          bigint   NOT NULL, \
                  PRIMARY KEY (scope, key)); \
              CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);"
+            ),
         ),
-    )]
+        (
+            2,
+            "idempotency_lock_key: a claim's advisory lock, then its row lock (issue 21)",
+            format!(
+                "CREATE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
+                 SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key)); \
+                 SELECT count(*) FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
+             $f$;"
+            ),
+        ),
+    ]
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per

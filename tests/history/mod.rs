@@ -30,8 +30,10 @@
 //! Sweeps are recorded and run concurrently but are not part of any key's history: an expired
 //! record counts as absent in every answer, so a sweep of an expired record changes no answer,
 //! and a sweep that deleted a live record shows as a wrong answer of a later call.
-//! `claim_wait` is checked as one claim; a `claim_wait` whose own lease lapsed in between and
-//! that then took the key over would be reported (it needs a batch longer than the lease).
+//! A `claim_wait` is one claim, possibly preceded by grants whose lease lapsed before the
+//! call returned (the store answers those "as if lost" and `claim_wait` claims again): the
+//! search may apply such a grant while the call is pending, at a time that another call's
+//! answer revealed (a record's `created_at` or lease deadline).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
