@@ -660,7 +660,11 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
     let mut linear = 0u64;
     // Each frame: the call node, the state before, the untried candidates, and whether the
     // chosen candidate linearized the call (an intermediate step of `claim_wait` does not).
-    let mut stack: Vec<(usize, State, Vec<Step>, bool)> = Vec::new();
+    // A call that linearizes without changing the state (a read, a refused write) is never
+    // undone to try another order: if any order works from here, one with it first does
+    // (nothing that must precede it is pending, and it changes nothing), so its frame keeps no
+    // candidates and backtracking passes through it.
+    let mut stack: Vec<Frame> = Vec::new();
     let mut deepest: (usize, usize, String) = (0, usize::MAX, String::new());
     let mut at = nodes[head].next;
     let choose = |at: usize,
@@ -668,15 +672,22 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
                   state: &mut State,
                   linear: &mut u64,
                   nodes: &mut Vec<Node>,
-                  stack: &mut Vec<(usize, State, Vec<Step>, bool)>,
+                  stack: &mut Vec<Frame>,
                   seen: &mut HashSet<(u64, u64)>|
      -> bool {
         let op = nodes[at].op;
         let Some(step) = take_new(seen, &mut cands, *linear, zobrist[op]) else {
             return false;
         };
+        let forced = step.lifts && step.state.digest() == state.digest();
         let before = std::mem::replace(state, step.state);
-        stack.push((at, before, cands, step.lifts));
+        stack.push(Frame {
+            call: at,
+            before,
+            cands,
+            lifted: step.lifts,
+            forced,
+        });
         if step.lifts {
             *linear ^= zobrist[op];
             let Node { prev, next, .. } = nodes[at];
@@ -712,7 +723,14 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
         if stack.len() >= deepest.0 && deepest.1 != node.op {
             deepest = (stack.len(), node.op, format!("{state:?}"));
         }
-        let Some((call, before, cands, lifted)) = stack.pop() else {
+        let Some(Frame {
+            call,
+            before,
+            cands,
+            lifted,
+            forced,
+        }) = stack.pop()
+        else {
             let stuck = ops
                 .get(deepest.1)
                 .map_or_else(String::new, |op| format!("{op:?}"));
@@ -732,6 +750,9 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
             linear ^= zobrist[op];
         }
         state = before;
+        if forced {
+            continue; // `at` is still the return that failed: undo the next choice too
+        }
         at = if choose(
             call,
             cands,
@@ -747,6 +768,17 @@ fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
         };
     }
     (seen.len() as u64, None)
+}
+
+/// A choice of the search: the call node, the state before it, the untried candidates,
+/// whether the chosen one linearized the call, and whether it changed nothing (see
+/// `linearize`).
+struct Frame {
+    call: usize,
+    before: State,
+    cands: Vec<Step>,
+    lifted: bool,
+    forced: bool,
 }
 
 /// A possible effect of a call on the model: the state after it, and whether it completes
