@@ -12,8 +12,8 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Outcome, RecordState,
-    Response, Result, Store, Timestamp,
+    Claim, Clock, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Outcome,
+    RecordState, Response, Result, Store, Timestamp,
 };
 use proptest::prelude::*;
 
@@ -807,6 +807,72 @@ fn expired_keys_are_reclaimed_once_while_sweeps_run<S: IdempotencyStore>(
     Ok(())
 }
 
+/// One acquisition of the hot key, logged while its lease was held.
+#[derive(Debug)]
+struct Grant {
+    token: u64,
+    /// The store's time of the grant (`lease_until - lease`).
+    granted_at: u64,
+    /// The clock just before its holder released it.
+    released_after: u64,
+}
+
+/// The race that broke PostgreSQL's claim (issue 21): claimers hammer one key, and each winner
+/// logs its lease while holding it, then releases it at once, with the clock moving. As leases
+/// are exclusive, the log is in acquisition order: tokens must strictly increase along it, and
+/// no lease may begin before the previous holder released (a claim that took its token and
+/// time before it won the key, then landed after another claimer's whole acquire-and-release,
+/// breaks both).
+fn tokens_increase_and_leases_follow_releases_under_contention<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    const CLAIMERS: usize = 8;
+    const ROUNDS: usize = 300;
+    let (store, clock) = open(&Settings::default())?;
+    let key = Key::new("hot")?;
+    let log = std::sync::Mutex::new(Vec::<Grant>::new());
+    let start = Barrier::new(CLAIMERS);
+    std::thread::scope(|s| {
+        for _ in 0..CLAIMERS {
+            let (store, clock, key, log, start) = (&store, &clock, &key, &log, &start);
+            s.spawn(move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    clock.advance(Duration::from_millis(1));
+                    let lease = match store.claim(key, fp("a")) {
+                        Ok(Claim::Acquired(lease)) => lease,
+                        Ok(Claim::InProgress { .. }) => continue,
+                        other => panic!("unexpected {other:?}"),
+                    };
+                    let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+                    let mut log = log.lock().expect("log");
+                    log.push(Grant {
+                        token: lease.token(),
+                        granted_at,
+                        released_after: clock.now().as_millis(),
+                    });
+                    drop(log);
+                    clock.advance(Duration::from_millis(1));
+                    store.release(&lease).expect("the holder releases");
+                }
+            });
+        }
+    });
+    let log = log.into_inner().expect("log");
+    assert!(log.len() > ROUNDS / 2, "only {} grants", log.len());
+    for pair in log.windows(2) {
+        assert!(
+            pair[0].token < pair[1].token,
+            "the key's tokens went down in acquisition order: {pair:?}"
+        );
+        assert!(
+            pair[1].granted_at >= pair[0].released_after,
+            "a lease began before the previous holder released: {pair:?}"
+        );
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Model-based: the shared reference model's step sequences
 // ---------------------------------------------------------------------------------------------
@@ -930,6 +996,7 @@ conformance! {
     execute_reports_in_progress_without_running,
     concurrent_claims_have_exactly_one_winner,
     expired_keys_are_reclaimed_once_while_sweeps_run,
+    tokens_increase_and_leases_follow_releases_under_contention,
 }
 
 #[test]
@@ -987,7 +1054,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        1
+        2
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1033,6 +1100,55 @@ fn postgres_uses_the_server_clock_by_default() -> Result<()> {
         "server time {started}, local {wall}"
     );
     Ok(())
+}
+
+/// A claim that waits behind a release in flight (its transaction deleted the record but has
+/// not committed) takes its token and time after the release, not when the claim started: its
+/// lease is live when it returns and begins no earlier than the release.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it() -> Result<()> {
+    let Some(db) = pg::Db::fresh("release_in_flight") else {
+        return Ok(());
+    };
+    let (store, clock) = db.open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let first = acquire(&store, &key, fp("a"));
+    let mut client = db.client()?;
+    let mut txn = client.transaction().map_err(pg::fixture)?;
+    txn.execute(
+        db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
+            .as_str(),
+        &[],
+    )
+    .map_err(pg::fixture)?;
+    std::thread::scope(|s| -> Result<()> {
+        let claimer = s.spawn(|| store.claim(&key, fp("b")));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !claimer.is_finished(),
+            "the claim did not wait for the release in flight"
+        );
+        clock.advance(2 * LEASE);
+        let released_at = clock.now().as_millis();
+        txn.commit().map_err(pg::fixture)?;
+        let lease = match claimer.join().expect("claimer panicked")? {
+            Claim::Acquired(lease) => lease,
+            other => panic!("expected Acquired, got {other:?}"),
+        };
+        let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+        assert!(
+            granted_at >= released_at,
+            "the lease began at {granted_at}, before the release at {released_at}"
+        );
+        assert!(
+            lease.lease_until() > clock.now(),
+            "granted a lease that had already lapsed ({:?})",
+            lease.lease_until()
+        );
+        assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
+        Ok(())
+    })
 }
 
 /// A pooled connection that the server dropped fails at most one call, then is replaced.
@@ -1129,6 +1245,13 @@ mod pg {
         }
     }
 
+    /// A fixture's own failure, as an error the test returns.
+    pub fn fixture(e: postgres::Error) -> Error {
+        Error::InvalidConfig {
+            reason: format!("test fixture: {e}"),
+        }
+    }
+
     /// A schema of its own, dropped (with everything in it) when this is dropped.
     pub struct Db {
         url: String,
@@ -1200,7 +1323,17 @@ mod pg {
 
         /// Runs `sql` with `{schema}` replaced by this schema's quoted name.
         pub fn execute(&self, sql: &str) -> Result<()> {
-            self.admin(&sql.replace("{schema}", &format!("\"{}\"", self.schema)))
+            self.admin(&self.sql(sql))
+        }
+
+        /// `sql` with `{schema}` replaced by this schema's quoted name.
+        pub fn sql(&self, sql: &str) -> String {
+            sql.replace("{schema}", &format!("\"{}\"", self.schema))
+        }
+
+        /// A connection of the test's own (for transactions it holds open).
+        pub fn client(&self) -> Result<postgres::Client> {
+            postgres::Client::connect(&self.url, postgres::NoTls).map_err(fixture)
         }
 
         /// The first column of the first row of `sql` (with `{schema}` replaced).

@@ -39,6 +39,22 @@ pub enum Claim {
     },
 }
 
+impl Claim {
+    /// The answer once the call is about to return at `now`: a lease that has already lapsed
+    /// (the write took longer than the lease) is not handed out; the caller hears
+    /// [`Claim::InProgress`] with that lease's deadline, exactly as if another caller had won,
+    /// and a retry takes the key over. So a returned lease is always live when it arrives.
+    pub(crate) fn unless_lapsed(self, now: Timestamp) -> Claim {
+        match self {
+            Claim::Acquired(lease) if now >= lease.lease_until => Claim::InProgress {
+                lease_until: lease.lease_until,
+                attempt: lease.attempt,
+            },
+            other => other,
+        }
+    }
+}
+
 /// Proof that the holder may run the operation for one key, until the lease lapses.
 ///
 /// Settle it with [`Store::complete`](crate::Store::complete) or
@@ -63,9 +79,16 @@ impl Lease {
         &self.key
     }
 
-    /// The fencing token: unique for the life of the store file and increasing, so a write
-    /// with an older token can be told apart from the current holder's (also useful to pass
-    /// downstream as a fencing token).
+    /// The fencing token: unique for the life of the store (its file, or its PostgreSQL
+    /// schema), so a write with an older token can be told apart from the current holder's
+    /// (also useful to pass downstream as a fencing token).
+    ///
+    /// Per key, tokens strictly increase in the order the key was acquired, on every backend:
+    /// the redb [`Store`](crate::Store) hands them out from one counter in its single writer,
+    /// in commit order; `PgStore` draws a claim's token and time only after the claim has won
+    /// the key (claims of one key are serialised, see `PgStore`'s "Statements"). A later holder
+    /// of a key therefore always carries a larger token than every earlier one, and its lease
+    /// never begins before the previous holder's release.
     #[must_use]
     pub fn token(&self) -> u64 {
         self.token

@@ -78,7 +78,7 @@ impl PgStore {
                 .map_err(|e| pg("starting a transaction", e))?;
             let now = self.now_param();
             if txn
-                .query_opt(&st.lock, &[&now, &scope, &name, &token])
+                .query_opt(&st.lock_lease, &[&now, &scope, &name, &token])
                 .map_err(|e| pg("locking a record", e))?
                 .is_none()
             {

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::postgres::types::{FromSql, ToSql};
-use ::postgres::{Client, IsolationLevel, Row, Statement};
+use ::postgres::{Client, GenericClient, IsolationLevel, Row, Statement};
 use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
@@ -31,7 +31,7 @@ mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
@@ -47,6 +47,24 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// The current time inside a statement: the injected clock's (`$1`) or the server's.
 const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
                    floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
+
+/// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
+/// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
+const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
+
+/// The start of every statement that acquires a key (`$2` scope, `$3` key): `w` calls
+/// `idempotency_lock_key` (migration 2), which takes the key's advisory lock, so that claims of
+/// one key run one at a time, and then locks the key's row if there is one (waiting out a
+/// release, completion or sweep in flight); only then does `c` read the time. The function's
+/// row lock runs on a snapshot taken after the advisory lock (a volatile function's queries
+/// each take a fresh one), so it also sees a row that the claim it waited for committed; the
+/// statement's own snapshot, taken before the wait, would not.
+fn claim_lock(schema: &str, scope: &str, key: &str) -> String {
+    format!(
+        "WITH w AS MATERIALIZED (SELECT \"{schema}\".idempotency_lock_key({scope}::text, \
+         {key}::text) AS n)"
+    )
+}
 
 /// The columns a record is read from, after `c.now`.
 const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r.state, r.token, \
@@ -129,6 +147,8 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 ///     PRIMARY KEY (scope, key)
 /// );
 /// CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+/// CREATE FUNCTION idempotency_lock_key(scope text, key text) RETURNS bigint ...;
+///                                                 -- a claim's locks (see "Statements")
 /// CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, ...);
 /// ```
 ///
@@ -148,6 +168,28 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// fingerprint)) RETURNING`, which PostgreSQL re-checks on the latest row version, so of
 /// concurrent claimers exactly one gets the row. A claimer that loses a race (the row was
 /// released or swept between two statements, or another claimer took it over) starts again.
+///
+/// Both statements that acquire a key first call `idempotency_lock_key(scope, key)`, which
+/// takes a transaction-scoped advisory lock on the key (`pg_advisory_xact_lock(0x6964656d,
+/// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
+/// advisory locks) and then locks the key's row if it exists (on a fresh snapshot, so a row
+/// committed while it waited counts), and only then read the time and draw the token from
+/// the sequence. So claims of one
+/// key run one at a time (claims of other keys do not wait, apart from a rare hash
+/// collision), and a claim that waited behind another claim, a release, a completion or a
+/// sweep is stamped after it: per key, tokens strictly increase in the order of acquisition
+/// and a lease never begins before the previous holder's release. (Drawing them when the
+/// statement starts, as before, let a claim that stalled between drawing and inserting land
+/// after another caller's whole acquire-and-release, with a smaller token and a lease that
+/// began, and ended, early.) With an injected clock, read in this process rather than in SQL,
+/// the claim runs in a transaction that takes those locks first, then reads the clock.
+///
+/// A lease is never handed out already lapsed: a claim whose lease may have lapsed before the
+/// call returns answers [`Claim::InProgress`] with that deadline instead, as if another
+/// caller had won, and a retry takes the key over. With the server's clock, "may have lapsed"
+/// is judged in this process: a whole lease duration passed since the acquiring statement was
+/// sent (the lease began after that); with an injected clock, that clock read after the
+/// commit has reached the deadline.
 /// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
 /// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is one bounded
 /// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
@@ -160,7 +202,8 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// response, and the transaction commits.
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
-/// takeover three; every settling call is one.
+/// takeover three (with an injected clock, three more: `BEGIN`, the lock, `COMMIT`); every
+/// settling call is one.
 ///
 /// # Async services
 ///
@@ -556,6 +599,100 @@ impl PgStore {
     }
 }
 
+/// A claim's parameters, as the statements take them.
+struct ClaimArgs<'a> {
+    key: &'a Key,
+    scope: &'a str,
+    name: &'a str,
+    digest: &'a [u8],
+    version: i16,
+    fingerprint: Fingerprint,
+}
+
+impl PgStore {
+    /// The claim's statements, started over when the record changes between them: insert a
+    /// new key, else read the record and decide, else take an expired or lapsed record over.
+    fn claim_rounds(
+        &self,
+        client: &mut impl GenericClient,
+        st: &Statements,
+        args: &ClaimArgs<'_>,
+    ) -> Result<Claim> {
+        let key = args.key;
+        for _ in 0..CLAIM_ROUNDS {
+            let now = self.now_param();
+            let claim_params: [&(dyn ToSql + Sync); 7] = [
+                &now,
+                &args.scope,
+                &args.name,
+                &args.digest,
+                &args.version,
+                &self.lease_ms,
+                &self.retention_ms,
+            ];
+            // A new key: the insert wins or loses atomically on the primary key.
+            let sent = Instant::now();
+            if let Some(row) = client
+                .query_opt(&st.insert, &claim_params)
+                .map_err(|e| pg("claiming a key", e))?
+            {
+                let lease = Lease {
+                    key: key.clone(),
+                    token: token_col(&row, 0)?,
+                    attempt: 1,
+                    lease_until: Timestamp::from_millis(millis_col(&row, 1)?),
+                    checkpoint: None,
+                };
+                return Ok(self.unless_lapsed(lease, sent));
+            }
+            // The key exists: decide as the redb store does, on a fresh snapshot.
+            let row = client
+                .query_one(&st.select, &[&now, &args.scope, &args.name])
+                .map_err(|e| pg("reading a record", e))?;
+            let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
+            let Some(record) = record_from(&row, 1)? else {
+                continue; // released or swept since the insert: start over
+            };
+            if let Verdict::Answer(answer) = verdict(Some(record), args.fingerprint, db_now) {
+                return Ok(answer);
+            }
+            // Expired or lapsed: take it over if it still is, re-checked on the latest row.
+            let sent = Instant::now();
+            if let Some(row) = client
+                .query_opt(&st.takeover, &claim_params)
+                .map_err(|e| pg("taking a key over", e))?
+            {
+                let lease = Lease {
+                    key: key.clone(),
+                    token: token_col(&row, 0)?,
+                    attempt: attempt_col(&row, 1)?,
+                    lease_until: Timestamp::from_millis(millis_col(&row, 2)?),
+                    checkpoint: col(&row, 3)?,
+                };
+                return Ok(self.unless_lapsed(lease, sent));
+            }
+        }
+        Err(Error::storage(
+            "claiming a key",
+            std::io::Error::other("the record kept changing under concurrent claims; try again"),
+        ))
+    }
+
+    /// A lease won by a statement sent at `sent`, unless it may have lapsed before reaching
+    /// the caller. With the server's clock the lease began after `sent`, so it has lapsed for
+    /// sure only once a whole lease has passed since; counting from `sent` errs on the safe
+    /// side. (With an injected clock the caller checks that clock after the commit.)
+    fn unless_lapsed(&self, lease: Lease, sent: Instant) -> Claim {
+        if self.settings.clock.is_some() || sent.elapsed() < self.settings.shared.lease() {
+            return Claim::Acquired(lease);
+        }
+        Claim::InProgress {
+            lease_until: lease.lease_until,
+            attempt: lease.attempt,
+        }
+    }
+}
+
 impl IdempotencyStore for PgStore {
     fn now(&self) -> Result<Timestamp> {
         PgStore::now(self)
@@ -563,68 +700,35 @@ impl IdempotencyStore for PgStore {
 
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         self.check_key(key)?;
-        let (scope, name) = parts(key);
-        let digest: &[u8] = fingerprint.digest();
-        let version = i16::from(fingerprint.version());
+        let args = ClaimArgs {
+            key,
+            scope: key.scope().unwrap_or(""),
+            name: key.key(),
+            digest: fingerprint.digest(),
+            version: i16::from(fingerprint.version()),
+            fingerprint,
+        };
         self.with_conn(|client, st| {
             if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
-                quota::make_room(client, quota, limits, &|| self.now_param(), (scope, name))?;
+                let key_parts = (args.scope, args.name);
+                quota::make_room(client, quota, limits, &|| self.now_param(), key_parts)?;
             }
-            for _ in 0..CLAIM_ROUNDS {
-                let now = self.now_param();
-                let claim_params: [&(dyn ToSql + Sync); 7] = [
-                    &now,
-                    &scope,
-                    &name,
-                    &digest,
-                    &version,
-                    &self.lease_ms,
-                    &self.retention_ms,
-                ];
-                // A new key: the insert wins or loses atomically on the primary key.
-                if let Some(row) = client
-                    .query_opt(&st.insert, &claim_params)
-                    .map_err(|e| pg("claiming a key", e))?
-                {
-                    return Ok(Claim::Acquired(Lease {
-                        key: key.clone(),
-                        token: token_col(&row, 0)?,
-                        attempt: 1,
-                        lease_until: Timestamp::from_millis(millis_col(&row, 1)?),
-                        checkpoint: None,
-                    }));
-                }
-                // The key exists: decide as the redb store does, on a fresh snapshot.
-                let row = client
-                    .query_one(&st.select, &[&now, &scope, &name])
-                    .map_err(|e| pg("reading a record", e))?;
-                let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
-                let Some(record) = record_from(&row, 1)? else {
-                    continue; // released or swept since the insert: start over
-                };
-                if let Verdict::Answer(answer) = verdict(Some(record), fingerprint, db_now) {
-                    return Ok(answer);
-                }
-                // Expired or lapsed: take it over if it still is, re-checked on the latest row.
-                if let Some(row) = client
-                    .query_opt(&st.takeover, &claim_params)
-                    .map_err(|e| pg("taking a key over", e))?
-                {
-                    return Ok(Claim::Acquired(Lease {
-                        key: key.clone(),
-                        token: token_col(&row, 0)?,
-                        attempt: attempt_col(&row, 1)?,
-                        lease_until: Timestamp::from_millis(millis_col(&row, 2)?),
-                        checkpoint: col(&row, 3)?,
-                    }));
-                }
+            if self.settings.clock.is_none() {
+                // The statements lock the key, then read the server's clock and draw the token.
+                let claim = self.claim_rounds(client, st, &args)?;
+                return Ok(claim);
             }
-            Err(Error::storage(
-                "claiming a key",
-                std::io::Error::other(
-                    "the record kept changing under concurrent claims; try again",
-                ),
-            ))
+            // An injected clock is read here, not in SQL: lock the key first, in a transaction,
+            // so that the time is read after the claim has the key to itself.
+            let mut txn = client.transaction().map_err(|e| pg("claiming a key", e))?;
+            txn.query(&st.lock, &[&args.scope, &args.name])
+                .map_err(|e| pg("claiming a key", e))?;
+            let claim = self.claim_rounds(&mut txn, st, &args)?;
+            txn.commit().map_err(|e| pg("claiming a key", e))?;
+            Ok(match self.injected_now() {
+                Some(now) => claim.unless_lapsed(Timestamp::from_millis(now)),
+                None => claim,
+            })
         })
     }
 
@@ -767,11 +871,13 @@ impl IdempotencyStore for PgStore {
 
 /// The SQL of every statement, for one schema.
 struct Sql {
+    lock: String,
     insert: String,
     select: String,
     takeover: String,
     complete: String,
-    lock: String,
+    /// Locks a lease's row under its fence (`complete_with`).
+    lock_lease: String,
     release: String,
     heartbeat: String,
     checkpoint: String,
@@ -789,9 +895,15 @@ impl Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
+        let locked_now = format!(
+            "{}, c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+             floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now FROM w)",
+            claim_lock(schema, "$2", "$3")
+        );
         Sql {
+            lock: format!("{} SELECT n FROM w", claim_lock(schema, "$1", "$2")),
             insert: format!(
-                "{NOW} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
+                "{locked_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
                  token, attempt, lease_until, created_at, expires_at) \
                  SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
                  nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
@@ -804,7 +916,7 @@ impl Sql {
                  LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
             ),
             takeover: format!(
-                "{NOW} UPDATE {t} AS r SET \
+                "{locked_now} UPDATE {t} AS r SET \
                  fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
                  state = 'in_progress', token = nextval('{seq}'), \
                  attempt = CASE WHEN {takeover_fresh} THEN 1 \
@@ -829,7 +941,9 @@ impl Sql {
                  FROM c WHERE {FENCE} RETURNING r.token"
             ),
             // `complete_with`: holds the record while the caller's statements run.
-            lock: format!("{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"),
+            lock_lease: format!(
+                "{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"
+            ),
             release: format!("{NOW} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token"),
             heartbeat: format!(
                 "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
@@ -878,11 +992,12 @@ impl Sql {
 
 /// The statements, prepared once per pooled connection.
 struct Statements {
+    lock: Statement,
     insert: Statement,
     select: Statement,
     takeover: Statement,
     complete: Statement,
-    lock: Statement,
+    lock_lease: Statement,
     release: Statement,
     heartbeat: Statement,
     checkpoint: Statement,
@@ -897,11 +1012,12 @@ struct Statements {
 impl Statements {
     fn prepare(client: &mut Client, sql: &Sql) -> std::result::Result<Self, ::postgres::Error> {
         Ok(Statements {
+            lock: client.prepare(&sql.lock)?,
             insert: client.prepare(&sql.insert)?,
             select: client.prepare(&sql.select)?,
             takeover: client.prepare(&sql.takeover)?,
             complete: client.prepare(&sql.complete)?,
-            lock: client.prepare(&sql.lock)?,
+            lock_lease: client.prepare(&sql.lock_lease)?,
             release: client.prepare(&sql.release)?,
             heartbeat: client.prepare(&sql.heartbeat)?,
             checkpoint: client.prepare(&sql.checkpoint)?,
@@ -973,13 +1089,14 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 2] {
     let s = format!("\"{schema}\"");
-    [(
-        1,
-        "idempotency_keys table, token sequence, expires_at index",
-        format!(
-            "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
+    [
+        (
+            1,
+            "idempotency_keys table, token sequence, expires_at index",
+            format!(
+                "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
              CREATE TABLE {s}.idempotency_keys ( \
                  scope               text     NOT NULL, \
                  key                 text     NOT NULL, \
@@ -999,8 +1116,22 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 1] {
                  expires_at          bigint   NOT NULL, \
                  PRIMARY KEY (scope, key)); \
              CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);"
+            ),
         ),
-    )]
+        (
+            2,
+            "idempotency_lock_key: a claim's advisory lock, then its row lock (issue 21)",
+            format!(
+                "CREATE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
+                 SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key)); \
+                 SELECT count(*) FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
+             $f$;"
+            ),
+        ),
+    ]
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per

@@ -79,6 +79,13 @@ impl Store {
     /// has already used (also across restarts). A clock stepping back therefore makes time
     /// stand still until the clock catches up; leases never lapse early and a lease is never
     /// handed out twice.
+    ///
+    /// Reads and writes take this time at different moments: a write batch takes it when the
+    /// batch starts and becomes visible after its log write, while a read
+    /// ([`lookup`](Store::lookup), a claim's answer that writes nothing) takes it when it runs.
+    /// So a read may carry a time later than that of a write it cannot see yet: the write's
+    /// time is up to one batch's duration older than the moment it becomes visible. Each call
+    /// is still consistent with one moment between its start and its return.
     #[must_use]
     pub fn now(&self) -> Timestamp {
         self.engine.now()
@@ -96,6 +103,12 @@ impl Store {
     ///
     /// Answers that write nothing (replay, mismatch, in progress) come from a read transaction
     /// and never wait for the writer. A claim that acquires returns after its commit is durable.
+    ///
+    /// Ordering: per key, leases are granted in the order of their [tokens](Lease::token), each
+    /// beginning no earlier than the previous holder's release. A lease is never handed out
+    /// already lapsed: if the write took so long that the lease lapsed before the call
+    /// returns, the answer is [`Claim::InProgress`] with that deadline (already past), as if
+    /// another caller had won, and a retry takes the key over.
     ///
     /// ```
     /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
@@ -119,10 +132,14 @@ impl Store {
         if let Verdict::Answer(answer) = verdict(self.read(key)?, fingerprint, self.now()) {
             return Ok(answer);
         }
-        self.engine.write(ClaimKey {
-            key: key.clone(),
-            fingerprint,
-        })
+        self.engine
+            .write(ClaimKey {
+                key: key.clone(),
+                fingerprint,
+            })
+            // The batch stamped the lease when it started; a batch that outlasted the lease must
+            // not hand it out.
+            .map(|claim| claim.unless_lapsed(self.now()))
     }
 
     /// Stores the response for the lease's key, durably, and ends the lease. From then on
@@ -235,6 +252,10 @@ impl Store {
 
     /// The key's record, or `None` if there is none or it has expired. Runs in a read
     /// transaction and never waits for writers.
+    ///
+    /// The view is the last visible write judged at the store's time when the read runs; a
+    /// write batch still being made durable is not visible yet, although its time (taken when
+    /// the batch started) may be earlier than this read's (see [`now`](Store::now)).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the

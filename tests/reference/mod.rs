@@ -149,12 +149,12 @@ pub fn fingerprint(fp: usize) -> Fingerprint {
     Fingerprint::of(["POST", "/payments", &format!("body-{fp}")])
 }
 
-fn response(body: u8) -> Response {
+pub fn response(body: u8) -> Response {
     Response::new(200 + u16::from(body % 4), vec![body; usize::from(body % 7)])
         .with_header("x-body", vec![body])
 }
 
-fn checkpoint_data(data: u8) -> Vec<u8> {
+pub fn checkpoint_data(data: u8) -> Vec<u8> {
     vec![data; 1 + usize::from(data % 5)]
 }
 
@@ -191,7 +191,7 @@ pub enum MState {
 }
 
 /// A claim outcome without the fencing token.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Shape {
     Acquired {
         key: Key,
@@ -208,13 +208,13 @@ pub enum Shape {
 }
 
 /// Every field of a [`Replay`] (which is `#[non_exhaustive]`, so the model cannot build one).
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReplayShape {
-    response: Response,
-    created_at: Timestamp,
-    completed_at: Timestamp,
-    expires_at: Timestamp,
-    attempt: u32,
+    pub response: Response,
+    pub created_at: Timestamp,
+    pub completed_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub attempt: u32,
 }
 
 impl From<Replay> for ReplayShape {
@@ -230,13 +230,13 @@ impl From<Replay> for ReplayShape {
 }
 
 /// Every field of a [`RecordView`] (`#[non_exhaustive]`, so the model cannot build one).
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ViewShape {
-    fingerprint: Fingerprint,
-    created_at: Timestamp,
-    expires_at: Timestamp,
-    attempt: u32,
-    state: RecordState,
+    pub fingerprint: Fingerprint,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub attempt: u32,
+    pub state: RecordState,
 }
 
 impl From<RecordView> for ViewShape {
@@ -263,17 +263,36 @@ pub struct Counts {
     records: u64,
 }
 
-#[derive(Debug, Default)]
+/// The model of one store (or of the keys one caller owns). Lease and retention are the
+/// sequential runs' ([`LEASE_MS`], [`RETENTION_MS`]) unless set with [`Model::with_times`].
+#[derive(Debug, Clone)]
 pub struct Model {
     records: HashMap<usize, MRec>,
+    lease_ms: u64,
+    retention_ms: u64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model::with_times(LEASE_MS, RETENTION_MS)
+    }
 }
 
 impl Model {
+    /// An empty model with this lease and retention.
+    pub fn with_times(lease_ms: u64, retention_ms: u64) -> Model {
+        Model {
+            records: HashMap::new(),
+            lease_ms,
+            retention_ms,
+        }
+    }
+
     fn live(&self, k: usize, now: u64) -> Option<&MRec> {
         self.records.get(&k).filter(|r| now < r.expires_at)
     }
 
-    fn claim(&mut self, k: usize, fp: usize, now: u64, holder: usize) -> Shape {
+    pub fn claim(&mut self, k: usize, fp: usize, now: u64, holder: usize) -> Shape {
         let (created_at, attempt, checkpoint) = match self.live(k, now).cloned() {
             None => (now, 1, None),
             Some(r) if r.fp != fp => return Shape::Mismatch(fingerprint(r.fp)),
@@ -299,13 +318,13 @@ impl Model {
                 }
             },
         };
-        let lease_until = now + LEASE_MS;
+        let lease_until = now + self.lease_ms;
         self.records.insert(
             k,
             MRec {
                 fp,
                 created_at,
-                expires_at: (created_at + RETENTION_MS).max(lease_until),
+                expires_at: (created_at + self.retention_ms).max(lease_until),
                 attempt,
                 state: MState::InProgress {
                     holder,
@@ -334,15 +353,16 @@ impl Model {
         }
     }
 
-    fn complete(
+    pub fn complete(
         &mut self,
         k: usize,
         holder: usize,
         now: u64,
         response: Response,
     ) -> Result<(), LeaseLost> {
+        let retention_ms = self.retention_ms;
         let r = self.held(k, holder, now)?;
-        r.expires_at = now + RETENTION_MS;
+        r.expires_at = now + retention_ms;
         r.state = MState::Completed {
             completed_at: now,
             response,
@@ -350,15 +370,15 @@ impl Model {
         Ok(())
     }
 
-    fn release(&mut self, k: usize, holder: usize, now: u64) -> Result<(), LeaseLost> {
+    pub fn release(&mut self, k: usize, holder: usize, now: u64) -> Result<(), LeaseLost> {
         self.held(k, holder, now)?;
         self.records.remove(&k);
         Ok(())
     }
 
-    fn heartbeat(&mut self, k: usize, holder: usize, now: u64) -> Result<u64, LeaseLost> {
+    pub fn heartbeat(&mut self, k: usize, holder: usize, now: u64) -> Result<u64, LeaseLost> {
+        let until = now + self.lease_ms;
         let r = self.held(k, holder, now)?;
-        let until = now + LEASE_MS;
         if let MState::InProgress { lease_until, .. } = &mut r.state {
             *lease_until = until;
         }
@@ -366,7 +386,7 @@ impl Model {
         Ok(until)
     }
 
-    fn checkpoint(
+    pub fn checkpoint(
         &mut self,
         k: usize,
         holder: usize,
@@ -380,7 +400,7 @@ impl Model {
         Ok(())
     }
 
-    fn view(&self, k: usize, now: u64) -> Option<ViewShape> {
+    pub fn view(&self, k: usize, now: u64) -> Option<ViewShape> {
         let r = self.live(k, now)?;
         Some(ViewShape {
             fingerprint: fingerprint(r.fp),
@@ -405,6 +425,20 @@ impl Model {
                 },
             },
         })
+    }
+
+    /// The times at which key `k`'s answers change by themselves (its lease deadline and its
+    /// expiry), for a checker choosing an operation's time.
+    pub fn deadlines(&self, k: usize) -> Vec<u64> {
+        match self.records.get(&k) {
+            Some(MRec {
+                expires_at,
+                state: MState::InProgress { lease_until, .. },
+                ..
+            }) => vec![*lease_until, *expires_at],
+            Some(r) => vec![r.expires_at],
+            None => Vec::new(),
+        }
     }
 
     /// The expired records as `(expires_at, tie order, key index)`, a sweep's order.
@@ -496,7 +530,7 @@ fn fenced<T>(result: Result<T, Error>) -> Outcome<Result<T, LeaseLost>> {
     }
 }
 
-fn shape(claim: Claim) -> (Shape, Option<Lease>) {
+pub fn shape(claim: Claim) -> (Shape, Option<Lease>) {
     match claim {
         Claim::Acquired(lease) => (
             Shape::Acquired {
