@@ -16,13 +16,14 @@ use crate::api::key::Key;
 use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
-use crate::engine::contain::contain;
+use crate::engine::contain::{contain, contain_then};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::meta::{
     Counters, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
+use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log, LogFile};
@@ -61,6 +62,8 @@ pub(crate) struct Engine {
     flusher: Flusher,
     /// The highest time the engine has used; its clock never goes below it.
     high_water: AtomicU64,
+    /// Set by a failure that may have lost data; every write checks it (see `poison`).
+    poison: Arc<Poison>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -84,6 +87,7 @@ impl Engine {
     /// Sets up the tables of a new store in `db`, or checks an existing one's, and replays the
     /// log entries written after the last merge; the commit that ends it is a merge.
     pub(crate) fn init(db: Database, log_file: LogFile, config: Config) -> Result<Engine> {
+        let poison = Arc::clone(&log_file.poison);
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(config.quick_repair);
         let mut writer = {
@@ -102,7 +106,7 @@ impl Engine {
         let high_water = writer.counters.clock;
         let db = Arc::new(db);
         let overlay = Arc::new(Shared::default());
-        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay))?;
+        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay), Arc::clone(&poison))?;
         Ok(Engine {
             db: Some(db),
             flusher,
@@ -111,6 +115,7 @@ impl Engine {
             writer: Mutex::new(writer),
             overlay,
             high_water: AtomicU64::new(high_water),
+            poison,
         })
     }
 
@@ -165,6 +170,7 @@ impl Engine {
 
     /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
     pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
+        self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::write(write, Arc::clone(&slot));
         self.committer
@@ -173,6 +179,7 @@ impl Engine {
 
     /// Deletes up to `limit` expired records in a transaction of their own.
     pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
+        self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::sweep(limit, Arc::clone(&slot));
         self.committer
@@ -181,22 +188,35 @@ impl Engine {
 
     /// Runs one batch; `Ok` once it is durable.
     fn run_batch(&self, batch: &mut Batch) -> Result<()> {
-        contain("writing a batch", || {
-            let mut writer = self.writer.lock();
-            match (batch, self.config.quota) {
-                (Batch::Writes(writes), None) => self.write_layered(&mut writer, writes),
-                (Batch::Writes(writes), Some(quota)) => {
-                    self.write_direct(&mut writer, Some(quota), |tables, ctx| {
-                        writes
-                            .iter_mut()
-                            .try_for_each(|w| w.apply_direct(tables, ctx))
-                    })
+        contain_then(
+            "writing a batch",
+            || {
+                let mut writer = self.writer.lock();
+                // Queued before the store was poisoned, perhaps, but must not run after.
+                self.poison.check()?;
+                match (batch, self.config.quota) {
+                    (Batch::Writes(writes), None) => self.write_layered(&mut writer, writes),
+                    (Batch::Writes(writes), Some(quota)) => {
+                        self.write_direct(&mut writer, Some(quota), |tables, ctx| {
+                            writes
+                                .iter_mut()
+                                .try_for_each(|w| w.apply_direct(tables, ctx))
+                        })
+                    }
+                    (Batch::Sweep(sweep), quota) => {
+                        self.write_direct(&mut writer, quota, |t, ctx| {
+                            SweepCall::apply(sweep, t, ctx.now)
+                        })
+                    }
                 }
-                (Batch::Sweep(sweep), quota) => self.write_direct(&mut writer, quota, |t, ctx| {
-                    SweepCall::apply(sweep, t, ctx.now)
-                }),
-            }
-        })
+            },
+            |err| self.poison_after(err),
+        )
+    }
+
+    /// Poisons the store after a panic cut its write path off halfway.
+    fn poison_after(&self, err: &Error) {
+        self.poison.set(Arc::new(err.clone()));
     }
 
     /// Runs `body` in a write transaction on redb's tables (after flushing the overlay into
@@ -307,6 +327,7 @@ impl Engine {
     /// changes) and empties it: before any transaction that writes redb's tables directly,
     /// before a walk of the tables, and when the flush thread falls behind.
     fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
+        self.poison.check()?;
         self.collect_flush(writer, true);
         if self.overlay.is_empty() {
             return Ok(());
@@ -407,50 +428,76 @@ impl Engine {
         effect: impl FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     ) -> Result<std::result::Result<(), E>> {
         let mut writer = self.writer.lock();
-        let txn = contain("completing with an effect", || {
-            self.flush_overlay(&mut writer)?;
-            let txn = self.db()?.begin_write()?;
-            Tables::direct(&txn, None)?
-                .held(&complete.key, complete.token, self.now())
-                .map_err(fail_error)?;
-            Ok(txn)
-        })?;
+        let txn = contain_then(
+            "completing with an effect",
+            || {
+                self.flush_overlay(&mut writer)?;
+                let txn = self.db()?.begin_write()?;
+                Tables::direct(&txn, None)?
+                    .held(&complete.key, complete.token, self.now())
+                    .map_err(fail_error)?;
+                Ok(txn)
+            },
+            |err| self.poison_after(err),
+        )?;
         if let Err(err) = effect(&txn) {
             return Ok(Err(err));
         }
-        contain("completing with an effect", || {
-            let mut tables = Tables::direct(&txn, None)?;
-            let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
-                complete.apply(tables, ctx).map_err(fail_error)
-            })?;
-            drop(tables);
-            // The effect's writes are not in the log, so this commit must be durable itself.
-            self.commit_durably(txn, &mut writer, counters)
-        })?;
+        contain_then(
+            "completing with an effect",
+            || {
+                let mut tables = Tables::direct(&txn, None)?;
+                let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
+                    complete.apply(tables, ctx).map_err(fail_error)
+                })?;
+                drop(tables);
+                // The effect's writes are not in the log, so this commit must be durable.
+                self.commit_durably(txn, &mut writer, counters)
+            },
+            |err| self.poison_after(err),
+        )?;
         Ok(Ok(()))
+    }
+}
+
+impl Engine {
+    /// A last merge, so that the next open has no log to replay, then the flush thread and
+    /// the file are closed. Runs once, from `close` or from `Drop`: after it, the database
+    /// is gone.
+    pub(crate) fn close(&mut self) -> Result<()> {
+        if self.db.is_none() {
+            return Ok(());
+        }
+        let merge = contain_then(
+            "closing the store",
+            || {
+                let mut writer = self.writer.lock();
+                self.flush_overlay(&mut writer)?;
+                let txn = self.db()?.begin_write()?;
+                let counters = writer.counters;
+                self.commit_durably(txn, &mut writer, counters)
+            },
+            |err| self.poison_after(err),
+        );
+        // The thread holds the database too: it must be gone before the database is closed.
+        self.flusher.stop();
+        let closed = match self.db.take() {
+            // redb's close saves the allocator state and can panic on a damaged file.
+            Some(db) => contain("closing the store", || match Arc::try_unwrap(db) {
+                Ok(db) => Ok(db.close()?),
+                Err(_) => Ok(()),
+            }),
+            None => Ok(()),
+        };
+        merge.and(closed)
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // A last merge, so that the next open has no log to replay.
-        let _ = contain("closing the store", || {
-            let mut writer = self.writer.lock();
-            self.flush_overlay(&mut writer)?;
-            let txn = self.db()?.begin_write()?;
-            let counters = writer.counters;
-            self.commit_durably(txn, &mut writer, counters)
-        });
-        // The thread holds the database too: it must be gone before the database is dropped.
-        self.flusher.stop();
-        if let Some(db) = self.db.take() {
-            // redb's drop saves the allocator state and can panic on a damaged file; the error
-            // is already reported by the call that met the damage.
-            let _ = contain("closing the store", || {
-                drop(db);
-                Ok(())
-            });
-        }
+        // Best effort: `Store::close` is the way to see the error (the last merge only spares
+        // the next open a replay).
+        let _ = self.close();
     }
 }
 
@@ -497,5 +544,18 @@ fn check_tables(txn: &WriteTransaction) -> Result<u64> {
 fn fail_error(fail: Fail) -> Error {
     match fail {
         Fail::Op(err) | Fail::Batch(err) => err,
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// Arms (or disarms) a failure of the log handle's writes; see `wal::LogFault`.
+    pub(crate) fn set_log_fault(&self, fault: Option<wal::LogFault>) {
+        self.writer.lock().log.fault = fault;
+    }
+
+    /// The armed log fault, if it has not fired.
+    pub(crate) fn log_fault(&self) -> Option<wal::LogFault> {
+        self.writer.lock().log.fault
     }
 }

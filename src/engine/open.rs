@@ -7,14 +7,15 @@ use std::sync::Arc;
 use crate::engine::contain::contain;
 use crate::engine::handle::{Config, Engine};
 use crate::engine::layout::{self, Storage, Tail};
-use crate::engine::wal::{self, LogFile};
+use crate::engine::poison::{Guarded, Poison};
+use crate::engine::wal::{self, LogFile, LogHandle};
 use crate::error::{Error, Result};
 
 /// Opens (or creates) the store file at `path`.
 pub(crate) fn open_file(path: &Path, config: Config) -> Result<Engine> {
     contain("opening the store", || {
         let storage = open_storage_file(path)?;
-        let log_writer = wal::open_log_writer(path)?;
+        let log_writer = wal::open_log_writer(path, false)?;
         open(storage, log_writer, config)
     })
 }
@@ -25,7 +26,12 @@ pub(crate) fn open_backend(storage: Storage, config: Config) -> Result<Engine> {
 }
 
 /// Reads or writes the store's header, then opens redb on the part after the log.
-fn open(storage: Storage, log_writer: Option<std::fs::File>, config: Config) -> Result<Engine> {
+fn open(storage: Storage, log_writer: Option<LogHandle>, config: Config) -> Result<Engine> {
+    let poison = Arc::new(Poison::default());
+    let storage: Storage = Arc::new(Guarded {
+        inner: storage,
+        poison: Arc::clone(&poison),
+    });
     let region = layout::open(&storage, config.log_size)?;
     let tail = Tail {
         inner: Arc::clone(&storage),
@@ -38,6 +44,7 @@ fn open(storage: Storage, log_writer: Option<std::fs::File>, config: Config) -> 
         storage,
         region,
         log_writer,
+        poison,
     };
     Engine::init(db, log_file, config)
 }

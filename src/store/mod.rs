@@ -5,6 +5,8 @@ mod backend;
 pub(crate) mod builder;
 #[cfg(feature = "__test-hooks")]
 pub(crate) mod hooks;
+#[cfg(test)]
+mod log_faults;
 pub(crate) mod maintenance;
 pub(crate) mod sweep;
 pub(crate) mod wait;
@@ -73,6 +75,20 @@ impl Store {
             path,
             waiters: Waiters::default(),
         }
+    }
+
+    /// Closes the store: a last merge of the log into the database, so that the next open
+    /// has no log to replay, then the flush thread and the file are closed. Dropping the
+    /// store does the same but cannot report a failure; call `close` where a failed final
+    /// merge matters (it does not for durability: every acknowledged write is already in the
+    /// log, which the next open replays).
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] if the store was poisoned (nothing is written then; the next open
+    /// recovers from the durable state); [`Error::Storage`] or [`Error::Corrupted`] if the
+    /// final merge or closing the file failed.
+    pub fn close(mut self) -> Result<()> {
+        self.engine.close()
     }
 
     /// The store's current time: the clock's time, but never earlier than any time the store
