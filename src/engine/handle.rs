@@ -144,6 +144,7 @@ impl Engine {
     /// A read transaction whose tables hold every acknowledged write, and the counters that
     /// match them exactly: the overlay is flushed first, under the writer lock.
     pub(crate) fn snapshot(&self) -> Result<(ReadTransaction, Counters)> {
+        not_in_effect()?;
         let mut writer = self.writer.lock();
         self.flush_overlay(&mut writer)?;
         Ok((self.db()?.begin_read()?, writer.counters))
@@ -170,6 +171,7 @@ impl Engine {
 
     /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
     pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
+        not_in_effect()?;
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::write(write, Arc::clone(&slot));
@@ -179,6 +181,7 @@ impl Engine {
 
     /// Deletes up to `limit` expired records in a transaction of their own.
     pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
+        not_in_effect()?;
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::sweep(limit, Arc::clone(&slot));
@@ -427,6 +430,7 @@ impl Engine {
         complete: Complete,
         effect: impl FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     ) -> Result<std::result::Result<(), E>> {
+        not_in_effect()?;
         let mut writer = self.writer.lock();
         let txn = contain_then(
             "completing with an effect",
@@ -440,7 +444,11 @@ impl Engine {
             },
             |err| self.poison_after(err),
         )?;
-        if let Err(err) = effect(&txn) {
+        let effect = {
+            let _inside = EffectScope::enter();
+            effect(&txn)
+        };
+        if let Err(err) = effect {
             return Ok(Err(err));
         }
         contain_then(
@@ -498,6 +506,36 @@ impl Drop for Engine {
         // Best effort: `Store::close` is the way to see the error (the last merge only spares
         // the next open a replay).
         let _ = self.close();
+    }
+}
+
+thread_local! {
+    /// Whether this thread is running a `complete_with` effect, and so holds the writer.
+    static IN_EFFECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `Err(Error::Reentrant)` on a thread running a `complete_with` effect: a call that needs the
+/// writer would wait for itself forever. Checked by every entry point that takes the writer.
+fn not_in_effect() -> Result<()> {
+    if IN_EFFECT.with(std::cell::Cell::get) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
+}
+
+/// Marks this thread as running an effect until dropped (also when the effect panics).
+struct EffectScope;
+
+impl EffectScope {
+    fn enter() -> Self {
+        IN_EFFECT.with(|inside| inside.set(true));
+        EffectScope
+    }
+}
+
+impl Drop for EffectScope {
+    fn drop(&mut self) {
+        IN_EFFECT.with(|inside| inside.set(false));
     }
 }
 

@@ -31,9 +31,9 @@ pub(crate) const HEADER_LEN: u64 = 4096;
 /// keeps more pages that non-durable commits freed waiting for the next merge, in the file and
 /// in memory (BENCHMARKS.md, "Figures behind the defaults").
 pub(crate) const DEFAULT_LOG_LEN: u64 = 1 << 20;
-/// The log sizes a header may name (`StoreBuilder::log_size` checks the same lower bound).
+/// The log sizes a header may name (`StoreBuilder::log_size` checks the same bounds).
 pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;
-const MAX_LOG_LEN: u64 = 1 << 40;
+pub(crate) const MAX_LOG_LEN: u64 = 1 << 40;
 /// redb's own magic number, to name a plain redb file when we meet one.
 const REDB_MAGIC: &[u8; 9] = b"redb\x1A\x0A\xA9\x0D\x0A";
 

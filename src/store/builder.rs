@@ -171,7 +171,9 @@ impl StoreBuilder {
     }
 
     /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at
-    /// least 16 KiB. Each write batch appends to the log and syncs it; when the log is full,
+    /// least 16 KiB and at most 1 TiB (outside that, opening fails with
+    /// [`Error::InvalidConfig`]; an open checks the size a file's header names against the
+    /// same bounds). Each write batch appends to the log and syncs it; when the log is full,
     /// its changes commit durably into the database (a merge) and the log starts over. A
     /// bigger log means fewer merges, and more throughput with many threads; a smaller one a
     /// smaller file, a shorter replay after a crash and less memory (redb holds the pages freed
@@ -268,8 +270,14 @@ impl StoreBuilder {
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }
-        if self.log_size < layout::MIN_LOG_LEN || !self.log_size.is_multiple_of(4096) {
-            return invalid_config("log_size must be a multiple of 4096 bytes and at least 16 KiB");
+        // The same bounds as an open accepts in a header: a store that can be created can be
+        // reopened.
+        if !(layout::MIN_LOG_LEN..=layout::MAX_LOG_LEN).contains(&self.log_size)
+            || !self.log_size.is_multiple_of(4096)
+        {
+            return invalid_config(
+                "log_size must be a multiple of 4096 bytes between 16 KiB and 1 TiB",
+            );
         }
         Ok(())
     }

@@ -330,6 +330,12 @@ impl Store {
     /// holds the key. If it returns `Err`, nothing of it and no response is written, the lease
     /// still holds, and the error comes back as `Ok(Err(e))`.
     ///
+    /// `effect` runs while this thread holds the store's writer: a store call from inside it
+    /// that writes or needs the writer (an acquiring `claim`, `complete`, `release`,
+    /// `complete_with`, `sweep`, `stats`, `verify`, `records`, …) returns
+    /// [`Error::Reentrant`] instead of deadlocking. Reads (`lookup`, `read_with`, a claim
+    /// answered without a write) work, and see the state before this call.
+    ///
     /// Cost: this call cannot share a group-commit batch (redb cannot roll back one
     /// operation inside a shared transaction), so it pays a commit of its own, and other
     /// writers wait while `effect` runs: keep it short.

@@ -1,0 +1,92 @@
+//! Edges of the API that must answer with an error rather than hang or make a store that
+//! cannot be reopened.
+
+use idempotency_store::{Claim, Error, Fingerprint, Key, Response, Result, Store, redb};
+
+const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
+
+#[test]
+fn log_size_is_bounded_at_creation_as_at_open() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for bytes in [
+        (1u64 << 40) + 4096,
+        u64::MAX - 4095,
+        8 << 10,
+        (16 << 10) + 1,
+    ] {
+        let err = Store::builder()
+            .log_size(bytes)
+            .open(dir.path().join(format!("{bytes}.store")))
+            .expect_err("out of range");
+        assert!(
+            matches!(&err, Error::InvalidConfig { reason } if reason.contains("1 TiB")),
+            "{bytes}: {err}"
+        );
+        assert!(
+            !dir.path().join(format!("{bytes}.store")).exists(),
+            "{bytes}: a file was created for a refused setting"
+        );
+    }
+    // The bounds themselves are accepted (the largest only checked, not created: 1 TiB).
+    let store = Store::builder()
+        .log_size(16 << 10)
+        .open(dir.path().join("small.store"))?;
+    drop(store);
+    Store::builder()
+        .log_size(16 << 10)
+        .open(dir.path().join("small.store"))?;
+    Ok(())
+}
+
+/// A `complete_with` effect runs while its thread holds the writer; a store call from it that
+/// needs the writer must fail with `Reentrant` at once instead of waiting for itself.
+#[test]
+fn a_store_call_inside_complete_with_is_refused_not_a_deadlock() -> Result<()> {
+    let store = Store::builder().open_in_memory()?;
+    let fp = Fingerprint::of(["charge"]);
+    let key = Key::new("charge-1")?;
+    let Claim::Acquired(lease) = store.claim(&key, fp)? else {
+        panic!("not acquired");
+    };
+    let Claim::Acquired(other) = store.claim(&Key::new("other")?, fp)? else {
+        panic!("not acquired");
+    };
+    let mut seen = Vec::new();
+    store.complete_with(&lease, Response::new(201, "charged"), |txn| {
+        seen.push(("claim", store.claim(&Key::new("fresh")?, fp).err()));
+        seen.push((
+            "complete",
+            store.complete(&other, Response::new(200, "x")).err(),
+        ));
+        seen.push(("stats", store.stats().err()));
+        seen.push(("verify", store.verify().err()));
+        seen.push(("sweep", store.sweep(10).err()));
+        let nested =
+            store.complete_with(
+                &other,
+                Response::new(200, "y"),
+                |_| Ok::<_, redb::Error>(()),
+            );
+        seen.push(("complete_with", nested.err()));
+        // Reads do not need the writer.
+        assert!(store.lookup(&key)?.is_some());
+        let ledger = |e: &dyn std::fmt::Display| Error::InvalidKey {
+            reason: e.to_string(),
+        };
+        let mut table = txn.open_table(LEDGER).map_err(|e| ledger(&e))?;
+        table.insert("charge-1", 4999).map_err(|e| ledger(&e))?;
+        Ok::<_, Error>(())
+    })??;
+    for (call, err) in &seen {
+        assert!(
+            matches!(err, Some(Error::Reentrant)),
+            "{call} inside an effect: {err:?}"
+        );
+    }
+    assert_eq!(seen.len(), 6);
+    // The effect and the completion landed, and the store works as usual afterwards.
+    assert!(matches!(store.claim(&key, fp)?, Claim::Completed(_)));
+    store.complete(&other, Response::new(200, "after"))?;
+    assert!(store.stats().is_ok());
+    Ok(())
+}
