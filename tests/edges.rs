@@ -90,3 +90,68 @@ fn a_store_call_inside_complete_with_is_refused_not_a_deadlock() -> Result<()> {
     assert!(store.stats().is_ok());
     Ok(())
 }
+
+/// An in-memory disk whose syncs fail with `EIO` once `failing` is set.
+#[derive(Debug, Default)]
+struct FailingSyncs {
+    inner: redb::backends::InMemoryBackend,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl redb::StorageBackend for FailingSyncs {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write(offset, data)
+    }
+}
+
+/// A sweeper whose sweeps fail keeps retrying (with backoff) and shows the error, instead of
+/// ending silently at the first one.
+#[test]
+fn a_failing_sweeper_retries_and_shows_its_error() -> Result<()> {
+    let disk = FailingSyncs::default();
+    let failing = std::sync::Arc::clone(&disk.failing);
+    let store = std::sync::Arc::new(Store::builder().open_with_backend(disk)?);
+    let sweeper = store.start_sweeper(std::time::Duration::from_millis(40), 64);
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = store.claim(&Key::new("k")?, Fingerprint::of(["k"]));
+    assert!(matches!(failed, Err(Error::Storage { .. })), "{failed:?}");
+    let start = std::time::Instant::now();
+    while sweeper.errors() < 3 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "the sweeper stopped retrying after {} errors",
+            sweeper.errors()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        matches!(sweeper.last_error(), Some(Error::Poisoned { .. })),
+        "{:?}",
+        sweeper.last_error()
+    );
+    let stopped = sweeper.stop();
+    assert!(
+        matches!(stopped, Err(Error::Poisoned { .. })),
+        "{stopped:?}"
+    );
+    Ok(())
+}
