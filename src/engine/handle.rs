@@ -45,6 +45,8 @@ pub(crate) struct Config {
     /// The log size of a new file, in bytes.
     pub log_size: u64,
     pub clock: Arc<dyn Clock>,
+    /// Whether opening a missing file creates it.
+    pub create_if_missing: bool,
 }
 
 pub(crate) struct Engine {

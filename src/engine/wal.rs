@@ -341,6 +341,11 @@ pub(crate) struct LogHandle {
 }
 
 impl LogHandle {
+    /// The handle, for checking that it is on the store's file.
+    pub(crate) fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
     /// Writes `data` at `offset` and makes it durable; on failure, says whether the write
     /// itself or its sync failed. `injected`: a failure to fake (tests).
     fn write_durably(
@@ -541,7 +546,7 @@ mod tests {
 
     fn storage() -> (Storage, Region) {
         let storage: Storage = Arc::new(redb::backends::InMemoryBackend::new());
-        let region = layout::open(&storage, layout::DEFAULT_LOG_LEN).expect("layout");
+        let (region, _) = layout::open(&storage, layout::DEFAULT_LOG_LEN).expect("layout");
         (storage, region)
     }
 

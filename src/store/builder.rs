@@ -60,6 +60,7 @@ pub struct StoreBuilder {
     pub(crate) max_bytes: Option<u64>,
     pub(crate) when_full: WhenFull,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) create_if_missing: bool,
 }
 
 /// What a claim of a new key does when the store is at its `max_records` or `max_bytes`
@@ -91,6 +92,7 @@ impl Default for StoreBuilder {
             max_bytes: None,
             when_full: WhenFull::Refuse,
             clock: Arc::new(SystemClock),
+            create_if_missing: true,
         }
     }
 }
@@ -106,6 +108,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("max_records", &self.max_records)
             .field("max_bytes", &self.max_bytes)
             .field("when_full", &self.when_full)
+            .field("create_if_missing", &self.create_if_missing)
             .finish_non_exhaustive()
     }
 }
@@ -214,11 +217,37 @@ impl StoreBuilder {
         self
     }
 
-    /// Opens the store file at `path`, creating it if it does not exist.
+    /// Whether [`open`](StoreBuilder::open) creates a store file that does not exist. Defaults to
+    /// true, so that [`Store::open`] creates its file as it always has. Turn it off where the
+    /// file must already exist (a service restarting on its store): a mistyped path then
+    /// fails with [`Error::NotAStore`] instead of creating an empty store, which would run
+    /// every retry again.
+    ///
+    /// ```
+    /// use idempotency_store::{Error, Store};
+    ///
+    /// let dir = tempfile::tempdir().expect("temp dir");
+    /// let typo = Store::builder().create_if_missing(false).open(dir.path().join("stroe.redb"));
+    /// assert!(matches!(typo, Err(Error::NotAStore { .. })));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    pub fn create_if_missing(&mut self, create: bool) -> &mut Self {
+        self.create_if_missing = create;
+        self
+    }
+
+    /// Opens the store file at `path`, creating it if it does not exist (unless
+    /// [`create_if_missing`](StoreBuilder::create_if_missing) is off).
+    ///
+    /// A new file is made durable before any call can use it: the log region is zeroed and
+    /// synced, redb's part created, the store's header written and synced last, and the
+    /// directory synced so that the file's name survives a power loss. A file whose creation
+    /// was cut short has no header and is refused with a message that says so.
     ///
     /// # Errors
     /// [`Error::AlreadyOpen`] if the file is open elsewhere, [`Error::NotAStore`] if it holds
-    /// something else, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
+    /// something else, was never completely created, or is missing while `create_if_missing`
+    /// is off, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
     /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
@@ -262,6 +291,7 @@ impl StoreBuilder {
             cache_size: self.cache_size,
             log_size: self.log_size,
             clock: Arc::clone(&self.clock),
+            create_if_missing: self.create_if_missing,
         }
     }
 
