@@ -49,9 +49,9 @@
 //!
 //! All times come from the [`Clock`] given to the builder ([`SystemClock`] by default) in
 //! wall-clock milliseconds, so leases and expiry survive restarts. The store never lets time go
-//! backwards: it uses the highest time it has seen, persisted in the file. A clock stepping
-//! back makes time stand still until the clock catches up; it delays expiry but never
-//! shortens a lease.
+//! backwards: it uses the highest time it has seen, persisted in the file (see
+//! [`Store::now`] for what a crash may forget). A clock stepping back makes time stand still
+//! until the clock catches up; it delays expiry but never shortens a lease.
 //!
 //! # Crate features
 //!

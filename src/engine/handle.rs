@@ -306,7 +306,7 @@ impl Engine {
         self.overlay.freeze();
         self.flusher.request(Task::Merge {
             seq,
-            counters: writer.counters,
+            counters: self.with_high_water(writer.counters),
             quick_repair: self.config.quick_repair,
         });
         true
@@ -373,6 +373,16 @@ impl Engine {
         })
     }
 
+    /// `counters` with the clock's high-water mark raised to every time the engine has used,
+    /// reads included, for a merge: a lookup that saw a record expire must not see it live
+    /// again after a reopen with a clock slightly behind.
+    fn with_high_water(&self, counters: Counters) -> Counters {
+        Counters {
+            clock: counters.clock.max(self.high_water.load(Ordering::SeqCst)),
+            ..counters
+        }
+    }
+
     /// Commits `txn` durably as a merge: with `counters` in the meta table, recording that it
     /// covers every log entry so far, and starts the log again. The overlay must be empty.
     fn commit_durably(
@@ -381,6 +391,7 @@ impl Engine {
         writer: &mut Writer,
         counters: Counters,
     ) -> Result<()> {
+        let counters = self.with_high_water(counters);
         counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
         match txn.commit() {
             Ok(()) => {

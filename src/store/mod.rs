@@ -95,6 +95,12 @@ impl Store {
     /// has already used (also across restarts). A clock stepping back therefore makes time
     /// stand still until the clock catches up; leases never lapse early and a lease is never
     /// handed out twice.
+    ///
+    /// Across restarts: the times of write calls are logged with them, and every merge and
+    /// the close persist the highest time used by any call, reads included (a `lookup` that
+    /// saw a record expire). After a crash, a time seen only by reads since the last merge
+    /// may be forgotten; with the clock behind it at reopen, such a record can be seen live
+    /// again until the clock passes its expiry.
     #[must_use]
     pub fn now(&self) -> Timestamp {
         self.engine.now()
