@@ -47,6 +47,8 @@ pub(crate) struct Config {
     pub clock: Arc<dyn Clock>,
     /// Whether opening a missing file creates it.
     pub create_if_missing: bool,
+    /// The log handle syncs with `sync_data` rather than `O_DSYNC` (see `wal::open_log_writer`).
+    pub portable_log_sync: bool,
 }
 
 pub(crate) struct Engine {

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 pub(crate) fn open_file(path: &Path, config: Config) -> Result<Engine> {
     contain("opening the store", || {
         let (storage, id) = open_storage_file(path, config.create_if_missing)?;
-        let log_writer = wal::open_log_writer(path, false)?;
+        let log_writer = wal::open_log_writer(path, config.portable_log_sync)?;
         if let Some(log) = &log_writer {
             check_same_file(path, id, file_id(log.file())?)?;
         }

@@ -695,6 +695,33 @@ mod tests {
         assert_eq!((log.half, log.pos), (Half::First, 0));
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn o_dsync_only_on_linux_and_never_on_the_portable_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        std::fs::write(&path, [0u8; 4096]).expect("file");
+        let log = |portable| {
+            open_log_writer(&path, portable)
+                .expect("open")
+                .expect("a log handle on unix")
+        };
+        assert_eq!(log(false).dsync, cfg!(target_os = "linux"));
+        let portable = log(true);
+        assert!(!portable.dsync);
+        portable
+            .write_durably(b"entry", 100, None)
+            .expect("write and sync_data");
+        let mut read = vec![0u8; 5];
+        std::os::unix::fs::FileExt::read_exact_at(
+            &std::fs::File::open(&path).expect("open"),
+            &mut read,
+            100,
+        )
+        .expect("read");
+        assert_eq!(read, b"entry");
+    }
+
     #[test]
     fn an_exhausted_sequence_number_is_corruption_not_an_overflow() {
         let (storage, region) = storage();

@@ -61,6 +61,7 @@ pub struct StoreBuilder {
     pub(crate) when_full: WhenFull,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) create_if_missing: bool,
+    pub(crate) portable_log_sync: bool,
 }
 
 /// What a claim of a new key does when the store is at its `max_records` or `max_bytes`
@@ -93,6 +94,7 @@ impl Default for StoreBuilder {
             when_full: WhenFull::Refuse,
             clock: Arc::new(SystemClock),
             create_if_missing: true,
+            portable_log_sync: false,
         }
     }
 }
@@ -109,6 +111,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("max_bytes", &self.max_bytes)
             .field("when_full", &self.when_full)
             .field("create_if_missing", &self.create_if_missing)
+            .field("portable_log_sync", &self.portable_log_sync)
             .finish_non_exhaustive()
     }
 }
@@ -236,6 +239,20 @@ impl StoreBuilder {
         self
     }
 
+    /// How the log's writes become durable on a store opened on a file. On Linux, by default,
+    /// through a handle opened with `O_DSYNC`: a write returns once it is durable, including
+    /// the disk's cache flush, and syncs only the range written. On every other platform, and
+    /// on Linux with this switch on, each log write is followed by `sync_data` (`fdatasync`;
+    /// `F_FULLFSYNC` on Apple platforms, where `O_DSYNC`, like `fsync`, leaves the data in
+    /// the drive's cache). Turn it on to run the portable path on Linux (the crash tests run
+    /// both), or on a Linux file system whose `O_DSYNC` is not a full barrier. Defaults to
+    /// false. No effect on a store opened with a custom backend, whose log writes are the
+    /// backend's write and `sync_data`.
+    pub fn portable_log_sync(&mut self, portable: bool) -> &mut Self {
+        self.portable_log_sync = portable;
+        self
+    }
+
     /// Opens the store file at `path`, creating it if it does not exist (unless
     /// [`create_if_missing`](StoreBuilder::create_if_missing) is off).
     ///
@@ -292,6 +309,7 @@ impl StoreBuilder {
             log_size: self.log_size,
             clock: Arc::clone(&self.clock),
             create_if_missing: self.create_if_missing,
+            portable_log_sync: self.portable_log_sync,
         }
     }
 
