@@ -87,6 +87,12 @@ const OVERLAY_RECORDS: usize = 128;
 /// thread is still busy with the last one.
 const OVERLAY_LIMIT: usize = 4 * OVERLAY_RECORDS;
 
+/// The same limits in bytes of keys and records: 128 records of 1 MiB responses would hold
+/// 128 MiB in each generation. 4 MiB is about 10,000 ordinary records, so the record limit
+/// decides for them and this one only for large responses.
+const OVERLAY_BYTES: usize = 4 << 20;
+const OVERLAY_BYTES_LIMIT: usize = 4 * OVERLAY_BYTES;
+
 impl Engine {
     /// Sets up the tables of a new store in `db`, or checks an existing one's, and replays the
     /// log entries written after the last merge; the commit that ends it is a merge.
@@ -281,14 +287,15 @@ impl Engine {
     /// not, the generation grows; at `OVERLAY_LIMIT` records the batch writes it itself, so a
     /// flush thread that falls behind bounds the overlay instead of the overlay growing.
     fn hand_over(&self, writer: &mut Writer) -> Result<()> {
-        if self.overlay.len() < OVERLAY_RECORDS {
+        let (records, bytes) = (self.overlay.len(), self.overlay.bytes());
+        if records < OVERLAY_RECORDS && bytes < OVERLAY_BYTES {
             return Ok(());
         }
         self.collect_flush(writer, false);
         if self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.overlay.freeze();
             self.flusher.request(Task::Flush);
-        } else if self.overlay.len() >= OVERLAY_LIMIT {
+        } else if records >= OVERLAY_LIMIT || bytes >= OVERLAY_BYTES_LIMIT {
             self.flush_overlay(writer)?;
         }
         Ok(())
