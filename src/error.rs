@@ -85,9 +85,11 @@ pub enum Error {
 
     /// The storage engine or the operating system failed (I/O error, disk full, damaged file).
     /// A write call that fails this way may or may not have become durable: look the key up
-    /// before retrying. After a failed log write the next write call commits durably and
-    /// goes on if the disk has recovered; after a failed durable commit, redb refuses writes
-    /// until the store is reopened.
+    /// before retrying. A failure that may have lost data poisons the store: later writes
+    /// fail with [`Error::Poisoned`] until it is reopened. After a full disk refused a log
+    /// write, the next write call commits durably and goes on once space is freed; after redb
+    /// itself met an I/O error (a full disk included), it refuses writes until the store is
+    /// reopened.
     #[error("storage failure while {context}")]
     Storage {
         /// What the store was doing.
@@ -96,6 +98,32 @@ pub enum Error {
         #[source]
         source: Cause,
     },
+
+    /// The store refuses writes: an earlier write or sync of its file failed in a way that may
+    /// have lost data, or a panic interrupted its write path. Reads still answer from what is
+    /// durable. Reopen the store (drop it and open the file again): the open replays the log
+    /// from the last durable state, and writes work again if the disk has recovered.
+    ///
+    /// A full disk (`ENOSPC`, `EDQUOT`) refused before anything was written is not such a
+    /// failure: it stays [`Error::Storage`] (see there for what follows it).
+    #[error(
+        "the store refuses writes until it is reopened: an earlier write or sync may have lost \
+         data ({cause}); reads still work; reopen the store to recover from its durable state"
+    )]
+    Poisoned {
+        /// The failure that poisoned the store.
+        #[source]
+        cause: Cause,
+    },
+
+    /// A store call was made from inside a `complete_with` effect, which runs while the
+    /// store's writer is held: it would wait for itself forever. Nothing was done. Do the call
+    /// before or after `complete_with`, or write through the transaction the effect receives.
+    #[error(
+        "store call from inside a complete_with effect (the writer is held by this thread); \
+         call it before or after complete_with"
+    )]
+    Reentrant,
 }
 
 /// Shorthand for results of this crate.

@@ -42,16 +42,18 @@
 //!   [`Error::LeaseLost`] and change nothing.
 //! - **Expiry.** A record expires `retention` after completion (in-progress records:
 //!   `retention` after the first claim, or at the lease's end if later). An expired record
-//!   never replays, even before a sweep deletes it.
+//!   never replays, even before a sweep deletes it. One exception, after a crash only: if the
+//!   clock at reopen is behind a time that only reads had seen since the last merge, a record
+//!   those reads saw expire is live again until the clock passes its expiry ([`Store::now`]).
 //! - **Never stuck.** A crashed holder's record is taken over once its lease lapses.
 //!
 //! # Time
 //!
 //! All times come from the [`Clock`] given to the builder ([`SystemClock`] by default) in
 //! wall-clock milliseconds, so leases and expiry survive restarts. The store never lets time go
-//! backwards: it uses the highest time it has seen, persisted in the file. A clock stepping
-//! back makes time stand still until the clock catches up; it delays expiry but never
-//! shortens a lease.
+//! backwards: it uses the highest time it has seen, persisted in the file (see
+//! [`Store::now`] for what a crash may forget). A clock stepping back makes time stand still
+//! until the clock catches up; it delays expiry but never shortens a lease.
 //!
 //! # Crate features
 //!

@@ -109,3 +109,48 @@ fn the_high_water_mark_survives_a_restart() -> Result<()> {
     ));
     Ok(())
 }
+
+/// A lookup saw a record expire; the store is closed and reopened with the clock 1 ms behind
+/// that moment. The time the lookup used was persisted at the close, so the record stays
+/// expired: it must not replay (and a claim runs afresh).
+#[test]
+fn a_time_seen_only_by_a_read_survives_a_reopen() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("clock.store");
+    let retention = Duration::from_secs(3600);
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let open_file = |clock: &ManualClock| {
+        Store::builder()
+            .retention(retention)
+            .clock(clock.clone())
+            .open(&path)
+    };
+    let store = open_file(&clock)?;
+    let key = Key::new("k")?;
+    let Claim::Acquired(lease) = store.claim(&key, fp())? else {
+        panic!("not acquired")
+    };
+    store.complete(&lease, Response::new(200, "once"))?;
+    clock.advance(retention);
+    assert_eq!(
+        store.lookup(&key)?,
+        None,
+        "expired at completion + retention"
+    );
+    store.close()?;
+
+    clock.set(Timestamp::from_millis(
+        T0 + retention.as_millis() as u64 - 1,
+    ));
+    let store = open_file(&clock)?;
+    assert_eq!(
+        store.lookup(&key)?,
+        None,
+        "the expired record came back to life"
+    );
+    assert!(
+        matches!(store.claim(&key, fp())?, Claim::Acquired(_)),
+        "an expired record replayed"
+    );
+    Ok(())
+}

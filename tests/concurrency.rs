@@ -466,19 +466,25 @@ fn a_failed_batch_commit_fails_every_caller_and_leaves_nothing_behind() -> Resul
     for i in 0..LOSERS {
         assert_eq!(store.lookup(&key("lost", i))?, None, "lost-{i} visible");
     }
-    // Once the disk is healthy again, the next write succeeds without a reopen: it commits
-    // durably (a checkpoint), which also retires the failed batch's log entry for good.
+    // An I/O error that is not a full disk may have lost data (a failed sync may have dropped
+    // pages): the store is poisoned and refuses writes even once the disk is healthy again,
+    // until it is reopened.
     faults.fail.store(false, Ordering::SeqCst);
-    let after = store.claim(&key("after", 0), f);
+    let refused = store.claim(&key("after", 0), f);
     assert!(
-        matches!(after, Ok(Claim::Acquired(_))),
-        "a write once the disk is healthy again: {after:?}"
+        matches!(refused, Err(Error::Poisoned { .. })),
+        "a write after the failure, before a reopen: {refused:?}"
     );
     drop(store);
 
-    // Reopen the same file on a plain backend: nothing of the failed batch is there, and
-    // everything acknowledged is.
+    // Reopen the same file on a plain backend: writes work again, nothing of the failed batch
+    // is there, and everything acknowledged is.
     let store = builder.open(&path)?;
+    let after = store.claim(&key("after", 0), f);
+    assert!(
+        matches!(after, Ok(Claim::Acquired(_))),
+        "a write once the store is reopened: {after:?}"
+    );
     for i in 0..LOSERS {
         assert_eq!(
             store.lookup(&key("lost", i))?,

@@ -24,9 +24,13 @@ const RETENTION: Duration = Duration::from_secs(10);
 const LEASE: Duration = Duration::from_secs(5);
 const THREADS: usize = 8;
 
+/// "1" for a run on the portable log path (`StoreBuilder::portable_log_sync`).
+const PORTABLE_ENV: &str = "IDEMPOTENCY_CRASH_PORTABLE";
+
 fn builder(clock: &ManualClock) -> idempotency_store::StoreBuilder {
     let mut builder = Store::builder();
     builder
+        .portable_log_sync(std::env::var(PORTABLE_ENV).is_ok_and(|v| v == "1"))
         .retention(RETENTION)
         .lease(LEASE)
         .max_batch(32)
@@ -209,8 +213,19 @@ fn next(state: &mut u64) -> u64 {
     *state
 }
 
+/// The log written with `O_DSYNC` (the default on Linux).
 #[test]
 fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
+    sigkill_loop(false)
+}
+
+/// The log written with a write and `sync_data`, as on every platform but Linux.
+#[test]
+fn sigkill_never_loses_an_acknowledged_result_portable_log() -> Result<()> {
+    sigkill_loop(true)
+}
+
+fn sigkill_loop(portable: bool) -> Result<()> {
     if std::env::var_os(CHILD_ENV).is_some() {
         return Ok(());
     }
@@ -233,6 +248,7 @@ fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
                 "--test-threads=1",
             ])
             .env(CHILD_ENV, dir.path())
+            .env(PORTABLE_ENV, if portable { "1" } else { "" })
             .env("IDEMPOTENCY_CRASH_ITERATION", iteration.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -123,6 +123,8 @@ pub(crate) trait Pending: Send {
     fn committed(&mut self);
     /// The batch failed: the caller gets `err`.
     fn failed(&mut self, err: &Error);
+    /// The bytes of response or checkpoint the call carries (see `take_batch`).
+    fn payload(&self) -> usize;
 }
 
 /// A write call and where its result goes.
@@ -164,6 +166,10 @@ impl<W: Write> Pending for Queued<W> {
 
     fn failed(&mut self, err: &Error) {
         self.reply.failed(err);
+    }
+
+    fn payload(&self) -> usize {
+        self.write.as_ref().map_or(0, Write::payload)
     }
 }
 
@@ -292,7 +298,7 @@ impl Committer {
 }
 
 /// Takes the next batch from the front of `jobs`: up to `max` write calls in arrival order,
-/// but a sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
+/// (and at most `BATCH_BYTES` of responses), but a sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
 /// transaction, never for a sweep sharing its own batch.
 fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
     if matches!(jobs.front(), Some(Job::Sweep(_)))
@@ -300,14 +306,27 @@ fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
     {
         return Batch::Sweep(sweep);
     }
-    let mut writes = Vec::new();
-    while writes.len() < max && matches!(jobs.front(), Some(Job::Write(_))) {
+    let (mut writes, mut bytes) = (Vec::new(), 0);
+    while writes.len() < max {
+        let Some(Job::Write(next)) = jobs.front() else {
+            break;
+        };
+        let payload = next.payload();
+        if !writes.is_empty() && bytes + payload > BATCH_BYTES {
+            break;
+        }
+        bytes += payload;
         if let Some(Job::Write(write)) = jobs.pop_front() {
             writes.push(write);
         }
     }
     Batch::Writes(writes)
 }
+
+/// The most response and checkpoint bytes one batch takes (but always one call): a batch
+/// holds several copies of what it writes (the encoded records, the log entry, the overlay),
+/// so 128 responses of 1 MiB made a batch of several hundred MiB.
+const BATCH_BYTES: usize = 4 << 20;
 
 /// Ends a leadership: the caller at the head of the queue is appointed to lead the next batch
 /// (also when this batch panicked).
@@ -353,6 +372,35 @@ mod tests {
             Batch::Writes(writes) => writes.len(),
             Batch::Sweep(_) => 1,
         }
+    }
+
+    fn completes(sizes: &[usize]) -> VecDeque<Job> {
+        sizes
+            .iter()
+            .map(|&size| {
+                let complete = crate::engine::ops::Complete {
+                    key: Key::new("k").expect("key"),
+                    token: 1,
+                    response: crate::api::response::Response::new(200, vec![0; size]),
+                };
+                Job::write(complete, Arc::default())
+            })
+            .collect()
+    }
+
+    fn writes(mut jobs: VecDeque<Job>, max: usize) -> usize {
+        match take_batch(&mut jobs, max) {
+            Batch::Writes(writes) => writes.len(),
+            Batch::Sweep(_) => 1,
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_at_most_batch_bytes_of_responses_but_always_one_call() {
+        let mib = 1 << 20;
+        assert_eq!(writes(completes(&[mib; 64]), 128), 4);
+        assert_eq!(writes(completes(&[8 * mib, 1]), 128), 1);
+        assert_eq!(writes(completes(&[100; 64]), 128), 64);
     }
 
     #[test]

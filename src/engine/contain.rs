@@ -24,6 +24,16 @@ pub fn contained_panics() -> u64 {
 /// a corrupted allocator snapshot at open) instead of returning an error. A damaged file must
 /// never take the caller's thread down, so every entry into redb goes through here.
 pub(crate) fn contain<T>(what: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    contain_then(what, f, |_| {})
+}
+
+/// Like [`contain`], and calls `on_panic` with the error a caught panic became: the write
+/// path poisons the store then, since the panic may have cut a batch off halfway.
+pub(crate) fn contain_then<T>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T>,
+    on_panic: impl FnOnce(&Error),
+) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         CONTAINED.with(|n| n.set(n.get() + 1));
         let message = payload
@@ -31,10 +41,12 @@ pub(crate) fn contain<T>(what: &'static str, f: impl FnOnce() -> Result<T>) -> R
             .map(|s| (*s).to_owned())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".to_owned());
-        Err(Error::corrupted(format!(
+        let err = Error::corrupted(format!(
             "the storage engine failed while {what}, most likely on a damaged file ({message}); \
              reopen the store, and restore the file if this persists"
-        )))
+        ));
+        on_panic(&err);
+        Err(err)
     })
 }
 

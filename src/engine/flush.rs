@@ -19,9 +19,10 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
-use crate::engine::contain::contain;
+use crate::engine::contain::contain_then;
 use crate::engine::meta::Counters;
 use crate::engine::overlay::{self, Shared};
+use crate::engine::poison::Poison;
 use crate::error::{Error, Result};
 
 pub(crate) struct Flusher {
@@ -62,12 +63,16 @@ pub(crate) enum Task {
 }
 
 impl Flusher {
-    pub(crate) fn start(db: Arc<Database>, overlay: Arc<Shared>) -> Result<Flusher> {
+    pub(crate) fn start(
+        db: Arc<Database>,
+        overlay: Arc<Shared>,
+        poison: Arc<Poison>,
+    ) -> Result<Flusher> {
         let shared = Arc::new(Channel::default());
         let channel = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idempotency-store-flush".into())
-            .spawn(move || run(&channel, &db, &overlay))
+            .spawn(move || run(&channel, &db, &overlay, &poison))
             .map_err(|err| Error::storage("starting the flush thread", err))?;
         Ok(Flusher {
             shared,
@@ -126,7 +131,7 @@ impl Drop for Flusher {
     }
 }
 
-fn run(channel: &Channel, db: &Database, overlay: &Shared) {
+fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison) {
     loop {
         let job = {
             let mut state = channel.state.lock();
@@ -140,9 +145,16 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared) {
             *state = Phase::Writing;
             job
         };
-        let result = contain("writing the overlay into the tables", || {
-            write(db, overlay, job)
-        });
+        // A poisoned store writes nothing more: a merge would record as durable a state the
+        // disk may not hold. A panic halfway through a commit poisons it.
+        let result = contain_then(
+            "writing the overlay into the tables",
+            || {
+                poison.check()?;
+                write(db, overlay, job)
+            },
+            |err| poison.set(Arc::new(err.clone())),
+        );
         *channel.state.lock() = Phase::Done(job, result);
         channel.changed.notify_all();
     }

@@ -16,13 +16,14 @@ use crate::api::key::Key;
 use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
-use crate::engine::contain::contain;
+use crate::engine::contain::{contain, contain_then};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::meta::{
     Counters, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
+use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log, LogFile};
@@ -44,6 +45,10 @@ pub(crate) struct Config {
     /// The log size of a new file, in bytes.
     pub log_size: u64,
     pub clock: Arc<dyn Clock>,
+    /// Whether opening a missing file creates it.
+    pub create_if_missing: bool,
+    /// The log handle syncs with `sync_data` rather than `O_DSYNC` (see `wal::open_log_writer`).
+    pub portable_log_sync: bool,
 }
 
 pub(crate) struct Engine {
@@ -61,6 +66,8 @@ pub(crate) struct Engine {
     flusher: Flusher,
     /// The highest time the engine has used; its clock never goes below it.
     high_water: AtomicU64,
+    /// Set by a failure that may have lost data; every write checks it (see `poison`).
+    poison: Arc<Poison>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -80,10 +87,17 @@ const OVERLAY_RECORDS: usize = 128;
 /// thread is still busy with the last one.
 const OVERLAY_LIMIT: usize = 4 * OVERLAY_RECORDS;
 
+/// The same limits in bytes of keys and records: 128 records of 1 MiB responses would hold
+/// 128 MiB in each generation. 4 MiB is about 10,000 ordinary records, so the record limit
+/// decides for them and this one only for large responses.
+const OVERLAY_BYTES: usize = 4 << 20;
+const OVERLAY_BYTES_LIMIT: usize = 4 * OVERLAY_BYTES;
+
 impl Engine {
     /// Sets up the tables of a new store in `db`, or checks an existing one's, and replays the
     /// log entries written after the last merge; the commit that ends it is a merge.
     pub(crate) fn init(db: Database, log_file: LogFile, config: Config) -> Result<Engine> {
+        let poison = Arc::clone(&log_file.poison);
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(config.quick_repair);
         let mut writer = {
@@ -102,7 +116,7 @@ impl Engine {
         let high_water = writer.counters.clock;
         let db = Arc::new(db);
         let overlay = Arc::new(Shared::default());
-        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay))?;
+        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay), Arc::clone(&poison))?;
         Ok(Engine {
             db: Some(db),
             flusher,
@@ -111,6 +125,7 @@ impl Engine {
             writer: Mutex::new(writer),
             overlay,
             high_water: AtomicU64::new(high_water),
+            poison,
         })
     }
 
@@ -139,6 +154,7 @@ impl Engine {
     /// A read transaction whose tables hold every acknowledged write, and the counters that
     /// match them exactly: the overlay is flushed first, under the writer lock.
     pub(crate) fn snapshot(&self) -> Result<(ReadTransaction, Counters)> {
+        not_in_effect()?;
         let mut writer = self.writer.lock();
         self.flush_overlay(&mut writer)?;
         Ok((self.db()?.begin_read()?, writer.counters))
@@ -165,6 +181,8 @@ impl Engine {
 
     /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
     pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
+        not_in_effect()?;
+        self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::write(write, Arc::clone(&slot));
         self.committer
@@ -173,6 +191,8 @@ impl Engine {
 
     /// Deletes up to `limit` expired records in a transaction of their own.
     pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
+        not_in_effect()?;
+        self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::sweep(limit, Arc::clone(&slot));
         self.committer
@@ -181,22 +201,35 @@ impl Engine {
 
     /// Runs one batch; `Ok` once it is durable.
     fn run_batch(&self, batch: &mut Batch) -> Result<()> {
-        contain("writing a batch", || {
-            let mut writer = self.writer.lock();
-            match (batch, self.config.quota) {
-                (Batch::Writes(writes), None) => self.write_layered(&mut writer, writes),
-                (Batch::Writes(writes), Some(quota)) => {
-                    self.write_direct(&mut writer, Some(quota), |tables, ctx| {
-                        writes
-                            .iter_mut()
-                            .try_for_each(|w| w.apply_direct(tables, ctx))
-                    })
+        contain_then(
+            "writing a batch",
+            || {
+                let mut writer = self.writer.lock();
+                // Queued before the store was poisoned, perhaps, but must not run after.
+                self.poison.check()?;
+                match (batch, self.config.quota) {
+                    (Batch::Writes(writes), None) => self.write_layered(&mut writer, writes),
+                    (Batch::Writes(writes), Some(quota)) => {
+                        self.write_direct(&mut writer, Some(quota), |tables, ctx| {
+                            writes
+                                .iter_mut()
+                                .try_for_each(|w| w.apply_direct(tables, ctx))
+                        })
+                    }
+                    (Batch::Sweep(sweep), quota) => {
+                        self.write_direct(&mut writer, quota, |t, ctx| {
+                            SweepCall::apply(sweep, t, ctx.now)
+                        })
+                    }
                 }
-                (Batch::Sweep(sweep), quota) => self.write_direct(&mut writer, quota, |t, ctx| {
-                    SweepCall::apply(sweep, t, ctx.now)
-                }),
-            }
-        })
+            },
+            |err| self.poison_after(err),
+        )
+    }
+
+    /// Poisons the store after a panic cut its write path off halfway.
+    fn poison_after(&self, err: &Error) {
+        self.poison.set(Arc::new(err.clone()));
     }
 
     /// Runs `body` in a write transaction on redb's tables (after flushing the overlay into
@@ -254,14 +287,15 @@ impl Engine {
     /// not, the generation grows; at `OVERLAY_LIMIT` records the batch writes it itself, so a
     /// flush thread that falls behind bounds the overlay instead of the overlay growing.
     fn hand_over(&self, writer: &mut Writer) -> Result<()> {
-        if self.overlay.len() < OVERLAY_RECORDS {
+        let (records, bytes) = (self.overlay.len(), self.overlay.bytes());
+        if records < OVERLAY_RECORDS && bytes < OVERLAY_BYTES {
             return Ok(());
         }
         self.collect_flush(writer, false);
         if self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.overlay.freeze();
             self.flusher.request(Task::Flush);
-        } else if self.overlay.len() >= OVERLAY_LIMIT {
+        } else if records >= OVERLAY_LIMIT || bytes >= OVERLAY_BYTES_LIMIT {
             self.flush_overlay(writer)?;
         }
         Ok(())
@@ -281,7 +315,7 @@ impl Engine {
         self.overlay.freeze();
         self.flusher.request(Task::Merge {
             seq,
-            counters: writer.counters,
+            counters: self.with_high_water(writer.counters),
             quick_repair: self.config.quick_repair,
         });
         true
@@ -307,6 +341,7 @@ impl Engine {
     /// changes) and empties it: before any transaction that writes redb's tables directly,
     /// before a walk of the tables, and when the flush thread falls behind.
     fn flush_overlay(&self, writer: &mut Writer) -> Result<()> {
+        self.poison.check()?;
         self.collect_flush(writer, true);
         if self.overlay.is_empty() {
             return Ok(());
@@ -347,6 +382,16 @@ impl Engine {
         })
     }
 
+    /// `counters` with the clock's high-water mark raised to every time the engine has used,
+    /// reads included, for a merge: a lookup that saw a record expire must not see it live
+    /// again after a reopen with a clock slightly behind.
+    fn with_high_water(&self, counters: Counters) -> Counters {
+        Counters {
+            clock: counters.clock.max(self.high_water.load(Ordering::SeqCst)),
+            ..counters
+        }
+    }
+
     /// Commits `txn` durably as a merge: with `counters` in the meta table, recording that it
     /// covers every log entry so far, and starts the log again. The overlay must be empty.
     fn commit_durably(
@@ -355,6 +400,7 @@ impl Engine {
         writer: &mut Writer,
         counters: Counters,
     ) -> Result<()> {
+        let counters = self.with_high_water(counters);
         counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
         match txn.commit() {
             Ok(()) => {
@@ -406,51 +452,112 @@ impl Engine {
         complete: Complete,
         effect: impl FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     ) -> Result<std::result::Result<(), E>> {
+        not_in_effect()?;
         let mut writer = self.writer.lock();
-        let txn = contain("completing with an effect", || {
-            self.flush_overlay(&mut writer)?;
-            let txn = self.db()?.begin_write()?;
-            Tables::direct(&txn, None)?
-                .held(&complete.key, complete.token, self.now())
-                .map_err(fail_error)?;
-            Ok(txn)
-        })?;
-        if let Err(err) = effect(&txn) {
+        let txn = contain_then(
+            "completing with an effect",
+            || {
+                self.flush_overlay(&mut writer)?;
+                let txn = self.db()?.begin_write()?;
+                Tables::direct(&txn, None)?
+                    .held(&complete.key, complete.token, self.now())
+                    .map_err(fail_error)?;
+                Ok(txn)
+            },
+            |err| self.poison_after(err),
+        )?;
+        let effect = {
+            let _inside = EffectScope::enter();
+            effect(&txn)
+        };
+        if let Err(err) = effect {
             return Ok(Err(err));
         }
-        contain("completing with an effect", || {
-            let mut tables = Tables::direct(&txn, None)?;
-            let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
-                complete.apply(tables, ctx).map_err(fail_error)
-            })?;
-            drop(tables);
-            // The effect's writes are not in the log, so this commit must be durable itself.
-            self.commit_durably(txn, &mut writer, counters)
-        })?;
+        contain_then(
+            "completing with an effect",
+            || {
+                let mut tables = Tables::direct(&txn, None)?;
+                let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
+                    complete.apply(tables, ctx).map_err(fail_error)
+                })?;
+                drop(tables);
+                // The effect's writes are not in the log, so this commit must be durable.
+                self.commit_durably(txn, &mut writer, counters)
+            },
+            |err| self.poison_after(err),
+        )?;
         Ok(Ok(()))
+    }
+}
+
+impl Engine {
+    /// A last merge, so that the next open has no log to replay, then the flush thread and
+    /// the file are closed. Runs once, from `close` or from `Drop`: after it, the database
+    /// is gone.
+    pub(crate) fn close(&mut self) -> Result<()> {
+        if self.db.is_none() {
+            return Ok(());
+        }
+        let merge = contain_then(
+            "closing the store",
+            || {
+                let mut writer = self.writer.lock();
+                self.flush_overlay(&mut writer)?;
+                let txn = self.db()?.begin_write()?;
+                let counters = writer.counters;
+                self.commit_durably(txn, &mut writer, counters)
+            },
+            |err| self.poison_after(err),
+        );
+        // The thread holds the database too: it must be gone before the database is closed.
+        self.flusher.stop();
+        let closed = match self.db.take() {
+            // redb's close saves the allocator state and can panic on a damaged file.
+            Some(db) => contain("closing the store", || match Arc::try_unwrap(db) {
+                Ok(db) => Ok(db.close()?),
+                Err(_) => Ok(()),
+            }),
+            None => Ok(()),
+        };
+        merge.and(closed)
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // A last merge, so that the next open has no log to replay.
-        let _ = contain("closing the store", || {
-            let mut writer = self.writer.lock();
-            self.flush_overlay(&mut writer)?;
-            let txn = self.db()?.begin_write()?;
-            let counters = writer.counters;
-            self.commit_durably(txn, &mut writer, counters)
-        });
-        // The thread holds the database too: it must be gone before the database is dropped.
-        self.flusher.stop();
-        if let Some(db) = self.db.take() {
-            // redb's drop saves the allocator state and can panic on a damaged file; the error
-            // is already reported by the call that met the damage.
-            let _ = contain("closing the store", || {
-                drop(db);
-                Ok(())
-            });
-        }
+        // Best effort: `Store::close` is the way to see the error (the last merge only spares
+        // the next open a replay).
+        let _ = self.close();
+    }
+}
+
+thread_local! {
+    /// Whether this thread is running a `complete_with` effect, and so holds the writer.
+    static IN_EFFECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `Err(Error::Reentrant)` on a thread running a `complete_with` effect: a call that needs the
+/// writer would wait for itself forever. Checked by every entry point that takes the writer.
+fn not_in_effect() -> Result<()> {
+    if IN_EFFECT.with(std::cell::Cell::get) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
+}
+
+/// Marks this thread as running an effect until dropped (also when the effect panics).
+struct EffectScope;
+
+impl EffectScope {
+    fn enter() -> Self {
+        IN_EFFECT.with(|inside| inside.set(true));
+        EffectScope
+    }
+}
+
+impl Drop for EffectScope {
+    fn drop(&mut self) {
+        IN_EFFECT.with(|inside| inside.set(false));
     }
 }
 
@@ -497,5 +604,18 @@ fn check_tables(txn: &WriteTransaction) -> Result<u64> {
 fn fail_error(fail: Fail) -> Error {
     match fail {
         Fail::Op(err) | Fail::Batch(err) => err,
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// Arms (or disarms) a failure of the log handle's writes; see `wal::LogFault`.
+    pub(crate) fn set_log_fault(&self, fault: Option<wal::LogFault>) {
+        self.writer.lock().log.fault = fault;
+    }
+
+    /// The armed log fault, if it has not fired.
+    pub(crate) fn log_fault(&self) -> Option<wal::LogFault> {
+        self.writer.lock().log.fault
     }
 }

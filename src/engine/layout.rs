@@ -31,9 +31,9 @@ pub(crate) const HEADER_LEN: u64 = 4096;
 /// keeps more pages that non-durable commits freed waiting for the next merge, in the file and
 /// in memory (BENCHMARKS.md, "Figures behind the defaults").
 pub(crate) const DEFAULT_LOG_LEN: u64 = 1 << 20;
-/// The log sizes a header may name (`StoreBuilder::log_size` checks the same lower bound).
+/// The log sizes a header may name (`StoreBuilder::log_size` checks the same bounds).
 pub(crate) const MIN_LOG_LEN: u64 = 16 << 10;
-const MAX_LOG_LEN: u64 = 1 << 40;
+pub(crate) const MAX_LOG_LEN: u64 = 1 << 40;
 /// redb's own magic number, to name a plain redb file when we meet one.
 const REDB_MAGIC: &[u8; 9] = b"redb\x1A\x0A\xA9\x0D\x0A";
 
@@ -57,11 +57,12 @@ impl Region {
 }
 
 /// Reads the header of `storage`, or lays out a new store with a log of `log_len` bytes if
-/// the storage is empty.
-pub(crate) fn open(storage: &Storage, log_len: u64) -> Result<Region> {
+/// the storage is empty. `Ok((region, true))`: a new store, whose header [`seal`] writes once
+/// redb's own header is durable.
+pub(crate) fn open(storage: &Storage, log_len: u64) -> Result<(Region, bool)> {
     let len = storage.len().map_err(io("reading the file length"))?;
     if len == 0 {
-        return create(storage, Region { log_len });
+        return create(storage, Region { log_len }).map(|region| (region, true));
     }
     let mut header = [0u8; 38];
     if len < header.len() as u64 {
@@ -70,6 +71,9 @@ pub(crate) fn open(storage: &Storage, log_len: u64) -> Result<Region> {
     storage
         .read(0, &mut header)
         .map_err(io("reading the header"))?;
+    if header.iter().all(|&b| b == 0) && len >= HEADER_LEN {
+        return Err(half_created());
+    }
     if &header[..18] != MAGIC {
         return Err(not_ours(storage, len));
     }
@@ -98,16 +102,23 @@ pub(crate) fn open(storage: &Storage, log_len: u64) -> Result<Region> {
             HEADER_LEN.saturating_add(log_len)
         )));
     }
-    Ok(region)
+    Ok((region, false))
 }
 
+/// A file laid out but never given its header: the header is written last, after redb's
+/// own is durable, and a store is handed to its caller only after that.
+fn half_created() -> Error {
+    Error::NotAStore {
+        reason: "the file has no store header: its creation was cut short (a crash or power \
+                 loss while the store was being created), so no call ever used it; delete it \
+                 and open the path again. If the file held a store before, its first page is \
+                 damaged: restore it from a backup"
+            .to_owned(),
+    }
+}
+
+/// Lays out a new store: the log region, zeroed and synced. No header yet (see [`seal`]).
 fn create(storage: &Storage, region: Region) -> Result<Region> {
-    let mut header = vec![0u8; HEADER_LEN as usize];
-    header[..18].copy_from_slice(MAGIC);
-    header[18..22].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
-    header[22..30].copy_from_slice(&region.log_len.to_le_bytes());
-    let sum = checksum(&header[..30]);
-    header[30..38].copy_from_slice(&sum);
     let write = |offset, data: &[u8]| storage.write(offset, data).map_err(io("creating the file"));
     storage
         .set_len(region.redb_start())
@@ -120,12 +131,24 @@ fn create(storage: &Storage, region: Region) -> Result<Region> {
         write(offset, &zeros[..n])?;
         offset += n as u64;
     }
-    // The header goes last: a file cut short while being created has none and is refused,
-    // rather than opening with a half-zeroed log.
-    storage.sync_data().map_err(io("creating the file"))?;
-    write(0, &header)?;
     storage.sync_data().map_err(io("creating the file"))?;
     Ok(region)
+}
+
+/// Writes a new store's header, once redb's part is created: a file cut short while being
+/// created has none and is refused as such (`half_created`), rather than opening with a
+/// half-zeroed log or failing in redb with a misleading "magic number mismatch".
+pub(crate) fn seal(storage: &Storage, region: Region) -> Result<()> {
+    let mut header = vec![0u8; HEADER_LEN as usize];
+    header[..18].copy_from_slice(MAGIC);
+    header[18..22].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+    header[22..30].copy_from_slice(&region.log_len.to_le_bytes());
+    let sum = checksum(&header[..30]);
+    header[30..38].copy_from_slice(&sum);
+    // redb's creation synced its header; this sync makes sure of it before ours goes down.
+    storage.sync_data().map_err(io("creating the file"))?;
+    storage.write(0, &header).map_err(io("creating the file"))?;
+    storage.sync_data().map_err(io("creating the file"))
 }
 
 fn not_ours(storage: &Storage, len: u64) -> Error {

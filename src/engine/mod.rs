@@ -14,6 +14,7 @@ pub(crate) mod meta;
 pub(crate) mod open;
 pub(crate) mod ops;
 pub(crate) mod overlay;
+pub(crate) mod poison;
 pub(crate) mod scan;
 pub(crate) mod tables;
 pub(crate) mod wal;

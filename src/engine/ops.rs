@@ -21,6 +21,11 @@ pub(crate) trait Write: Send + 'static {
 
     /// Applies the call to a batch's tables.
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<Self::Output, Fail>;
+
+    /// The bytes of response or checkpoint it carries, which bound a batch's memory.
+    fn payload(&self) -> usize {
+        0
+    }
 }
 
 /// `Store::claim` when a write is needed: a fresh lease or a takeover (or, if the record
@@ -102,6 +107,10 @@ impl Write for ClaimKey {
 impl Write for Complete {
     type Output = ();
 
+    fn payload(&self) -> usize {
+        self.response.size()
+    }
+
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<(), Fail> {
         let held = tables.held(&self.key, self.token, ctx.now)?;
         let old_expires_at = held.expires_at;
@@ -133,6 +142,10 @@ impl Write for Heartbeat {
 
 impl Write for Checkpoint {
     type Output = ();
+
+    fn payload(&self) -> usize {
+        self.data.len()
+    }
 
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<(), Fail> {
         let mut record = tables.held(&self.key, self.token, ctx.now)?;

@@ -84,6 +84,11 @@ impl Overlay {
         self.records.entries.is_empty() && self.index.entries.is_empty()
     }
 
+    /// The bytes of keys and records it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub(crate) fn set_record(&mut self, key: &[u8], record: Option<&[u8]>) {
         let value = record.map(|r| self.append(r));
         self.set(Which::Records, key, value);
@@ -108,11 +113,17 @@ impl Overlay {
         (self.pairs(&self.records), index)
     }
 
+    /// Empties it, keeping the capacity of an ordinary generation but giving back that of a
+    /// burst (large responses, or a flush thread that fell behind): 16 shards x 2 generations
+    /// would otherwise each keep their largest size forever.
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
+        self.bytes.shrink_to(KEEP_BYTES);
         for map in [&mut self.records, &mut self.index] {
             map.heads.clear();
             map.entries.clear();
+            map.heads.shrink_to(KEEP_ENTRIES);
+            map.entries.shrink_to(KEEP_ENTRIES);
         }
     }
 
@@ -190,6 +201,10 @@ struct Shard {
 }
 
 const SHARDS: usize = 16;
+/// The capacity a cleared generation of a shard keeps: its share of an ordinary generation
+/// (128 records of a few hundred bytes) with room to spare.
+const KEEP_BYTES: usize = 64 << 10;
+const KEEP_ENTRIES: usize = 256;
 
 impl Default for Shared {
     fn default() -> Self {
@@ -233,6 +248,11 @@ impl Shared {
     /// How many records the active generation holds.
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.active.read().len()).sum()
+    }
+
+    /// The bytes of keys and records the active generation holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.active.read().bytes()).sum()
     }
 
     /// Makes the active generation the frozen one, which must be empty.
@@ -417,5 +437,28 @@ mod tests {
         assert!(overlay.frozen_is_empty());
         assert_eq!(read(b"a"), None, "once cleared, redb answers");
         assert_eq!(read(b"b"), Some(None));
+    }
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+
+    #[test]
+    fn a_cleared_generation_gives_back_a_burst() {
+        let mut overlay = Overlay::default();
+        for i in 0..1000u32 {
+            overlay.set_record(&i.to_le_bytes(), Some(&[7; 4096]));
+        }
+        assert!(overlay.bytes.capacity() >= 4 << 20);
+        overlay.clear();
+        assert!(overlay.is_empty());
+        assert!(
+            overlay.bytes.capacity() <= KEEP_BYTES,
+            "{}",
+            overlay.bytes.capacity()
+        );
+        assert!(overlay.records.entries.capacity() <= KEEP_ENTRIES);
+        assert!(overlay.records.heads.capacity() <= 2 * KEEP_ENTRIES);
     }
 }

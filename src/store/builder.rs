@@ -60,6 +60,8 @@ pub struct StoreBuilder {
     pub(crate) max_bytes: Option<u64>,
     pub(crate) when_full: WhenFull,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) create_if_missing: bool,
+    pub(crate) portable_log_sync: bool,
 }
 
 /// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.
@@ -78,6 +80,8 @@ impl Default for StoreBuilder {
             max_bytes: None,
             when_full: WhenFull::Refuse,
             clock: Arc::new(SystemClock),
+            create_if_missing: true,
+            portable_log_sync: false,
         }
     }
 }
@@ -93,6 +97,8 @@ impl std::fmt::Debug for StoreBuilder {
             .field("max_records", &self.max_records)
             .field("max_bytes", &self.max_bytes)
             .field("when_full", &self.when_full)
+            .field("create_if_missing", &self.create_if_missing)
+            .field("portable_log_sync", &self.portable_log_sync)
             .finish_non_exhaustive()
     }
 }
@@ -158,7 +164,9 @@ impl StoreBuilder {
     }
 
     /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at
-    /// least 16 KiB. Each write batch appends to the log and syncs it; when the log is full,
+    /// least 16 KiB and at most 1 TiB (outside that, opening fails with
+    /// [`Error::InvalidConfig`]; an open checks the size a file's header names against the
+    /// same bounds). Each write batch appends to the log and syncs it; when the log is full,
     /// its changes commit durably into the database (a merge) and the log starts over. A
     /// bigger log means fewer merges, and more throughput with many threads; a smaller one a
     /// smaller file, a shorter replay after a crash and less memory (redb holds the pages freed
@@ -199,11 +207,51 @@ impl StoreBuilder {
         self
     }
 
-    /// Opens the store file at `path`, creating it if it does not exist.
+    /// Whether [`open`](StoreBuilder::open) creates a store file that does not exist. Defaults to
+    /// true, so that [`Store::open`] creates its file as it always has. Turn it off where the
+    /// file must already exist (a service restarting on its store): a mistyped path then
+    /// fails with [`Error::NotAStore`] instead of creating an empty store, which would run
+    /// every retry again.
+    ///
+    /// ```
+    /// use idempotency_store::{Error, Store};
+    ///
+    /// let dir = tempfile::tempdir().expect("temp dir");
+    /// let typo = Store::builder().create_if_missing(false).open(dir.path().join("stroe.redb"));
+    /// assert!(matches!(typo, Err(Error::NotAStore { .. })));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    pub fn create_if_missing(&mut self, create: bool) -> &mut Self {
+        self.create_if_missing = create;
+        self
+    }
+
+    /// How the log's writes become durable on a store opened on a file. On Linux, by default,
+    /// through a handle opened with `O_DSYNC`: a write returns once it is durable, including
+    /// the disk's cache flush, and syncs only the range written. On every other platform, and
+    /// on Linux with this switch on, each log write is followed by `sync_data` (`fdatasync`;
+    /// `F_FULLFSYNC` on Apple platforms, where `O_DSYNC`, like `fsync`, leaves the data in
+    /// the drive's cache). Turn it on to run the portable path on Linux (the crash tests run
+    /// both), or on a Linux file system whose `O_DSYNC` is not a full barrier. Defaults to
+    /// false. No effect on a store opened with a custom backend, whose log writes are the
+    /// backend's write and `sync_data`.
+    pub fn portable_log_sync(&mut self, portable: bool) -> &mut Self {
+        self.portable_log_sync = portable;
+        self
+    }
+
+    /// Opens the store file at `path`, creating it if it does not exist (unless
+    /// [`create_if_missing`](StoreBuilder::create_if_missing) is off).
+    ///
+    /// A new file is made durable before any call can use it: the log region is zeroed and
+    /// synced, redb's part created, the store's header written and synced last, and the
+    /// directory synced so that the file's name survives a power loss. A file whose creation
+    /// was cut short has no header and is refused with a message that says so.
     ///
     /// # Errors
     /// [`Error::AlreadyOpen`] if the file is open elsewhere, [`Error::NotAStore`] if it holds
-    /// something else, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
+    /// something else, was never completely created, or is missing while `create_if_missing`
+    /// is off, [`Error::Corrupted`] or [`Error::Storage`] if it cannot be read, and
     /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store> {
         self.validate()?;
@@ -247,6 +295,8 @@ impl StoreBuilder {
             cache_size: self.cache_size,
             log_size: self.log_size,
             clock: Arc::clone(&self.clock),
+            create_if_missing: self.create_if_missing,
+            portable_log_sync: self.portable_log_sync,
         }
     }
 
@@ -255,8 +305,14 @@ impl StoreBuilder {
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }
-        if self.log_size < layout::MIN_LOG_LEN || !self.log_size.is_multiple_of(4096) {
-            return invalid_config("log_size must be a multiple of 4096 bytes and at least 16 KiB");
+        // The same bounds as an open accepts in a header: a store that can be created can be
+        // reopened.
+        if !(layout::MIN_LOG_LEN..=layout::MAX_LOG_LEN).contains(&self.log_size)
+            || !self.log_size.is_multiple_of(4096)
+        {
+            return invalid_config(
+                "log_size must be a multiple of 4096 bytes between 16 KiB and 1 TiB",
+            );
         }
         Ok(())
     }

@@ -5,6 +5,8 @@ mod backend;
 pub(crate) mod builder;
 #[cfg(feature = "__test-hooks")]
 pub(crate) mod hooks;
+#[cfg(test)]
+mod log_faults;
 pub(crate) mod maintenance;
 pub(crate) mod sweep;
 pub(crate) mod wait;
@@ -75,10 +77,30 @@ impl Store {
         }
     }
 
+    /// Closes the store: a last merge of the log into the database, so that the next open
+    /// has no log to replay, then the flush thread and the file are closed. Dropping the
+    /// store does the same but cannot report a failure; call `close` where a failed final
+    /// merge matters (it does not for durability: every acknowledged write is already in the
+    /// log, which the next open replays).
+    ///
+    /// # Errors
+    /// [`Error::Poisoned`] if the store was poisoned (nothing is written then; the next open
+    /// recovers from the durable state); [`Error::Storage`] or [`Error::Corrupted`] if the
+    /// final merge or closing the file failed.
+    pub fn close(mut self) -> Result<()> {
+        self.engine.close()
+    }
+
     /// The store's current time: the clock's time, but never earlier than any time the store
     /// has already used (also across restarts). A clock stepping back therefore makes time
     /// stand still until the clock catches up; leases never lapse early and a lease is never
     /// handed out twice.
+    ///
+    /// Across restarts: the times of write calls are logged with them, and every merge and
+    /// the close persist the highest time used by any call, reads included (a `lookup` that
+    /// saw a record expire). After a crash, a time seen only by reads since the last merge
+    /// may be forgotten; with the clock behind it at reopen, such a record can be seen live
+    /// again until the clock passes its expiry.
     ///
     /// Reads and writes take this time at different moments: a write batch takes it when the
     /// batch starts and becomes visible after its log write, while a read
@@ -334,6 +356,12 @@ impl Store {
     /// [`redb`] crate is re-exported so the versions match). It runs only if the lease still
     /// holds the key. If it returns `Err`, nothing of it and no response is written, the lease
     /// still holds, and the error comes back as `Ok(Err(e))`.
+    ///
+    /// `effect` runs while this thread holds the store's writer: a store call from inside it
+    /// that writes or needs the writer (an acquiring `claim`, `complete`, `release`,
+    /// `complete_with`, `sweep`, `stats`, `verify`, `records`, …) returns
+    /// [`Error::Reentrant`] instead of deadlocking. Reads (`lookup`, `read_with`, a claim
+    /// answered without a write) work, and see the state before this call.
     ///
     /// Cost: this call cannot share a group-commit batch (redb cannot roll back one
     /// operation inside a shared transaction), so it pays a commit of its own, and other

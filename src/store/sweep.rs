@@ -51,9 +51,13 @@ impl Store {
     /// transactions of at most `batch` records, giving the writer back to claims between
     /// transactions. Never started implicitly.
     ///
-    /// The returned [`Sweeper`] stops and joins the thread when dropped;
-    /// [`Sweeper::stop`] does the same and reports the first error the thread met (the thread
-    /// stops at its first error).
+    /// A failed sweep does not end the thread: it retries after a backoff that starts at
+    /// 10 ms and doubles up to `interval`, and [`Sweeper::last_error`] and
+    /// [`Sweeper::errors`] show what it met. A poisoned store keeps failing until it is
+    /// reopened, so a sweeper that keeps reporting [`Error::Poisoned`] calls for a reopen.
+    ///
+    /// The returned [`Sweeper`] stops and joins the thread when dropped; [`Sweeper::stop`]
+    /// does the same and reports the outcome.
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
@@ -61,6 +65,7 @@ impl Store {
     ///
     /// let store = Arc::new(Store::builder().open_in_memory()?);
     /// let sweeper = store.start_sweeper(Duration::from_secs(60), 1024);
+    /// assert!(sweeper.last_error().is_none());
     /// let swept = sweeper.stop()?;
     /// assert_eq!(swept, 0);
     /// # Ok::<(), idempotency_store::Error>(())
@@ -80,31 +85,64 @@ impl Store {
     }
 }
 
+/// The first wait after a failed sweep; it doubles with each failure in a row, up to the
+/// sweeper's interval.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+
 #[derive(Default)]
 struct Signal {
     stopped: Mutex<bool>,
     wake: Condvar,
+    /// The error of the last sweep if it failed (`None` once one succeeds), and the number
+    /// of failed sweeps.
+    health: Mutex<Health>,
 }
 
-fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) -> Result<u64> {
-    let mut total = 0;
-    loop {
-        loop {
-            if *signal.stopped.lock() {
-                return Ok(total);
-            }
-            let (deleted, more) = store.sweep_batch(batch)?;
-            total += deleted as u64;
-            if !more {
-                break;
-            }
-        }
-        let mut stopped = signal.stopped.lock();
+#[derive(Default)]
+struct Health {
+    last_error: Option<Error>,
+    errors: u64,
+}
+
+impl Signal {
+    /// Waits up to `pause` or until stopped; true if stopped.
+    fn rest(&self, pause: Duration) -> bool {
+        let mut stopped = self.stopped.lock();
         if !*stopped {
-            signal.wake.wait_for(&mut stopped, interval);
+            self.wake.wait_for(&mut stopped, pause);
         }
-        if *stopped {
-            return Ok(total);
+        *stopped
+    }
+}
+
+fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) -> u64 {
+    let mut total = 0;
+    let mut backoff = FIRST_BACKOFF.min(interval);
+    loop {
+        if *signal.stopped.lock() {
+            return total;
+        }
+        let pause = match store.sweep_batch(batch) {
+            Ok((deleted, more)) => {
+                total += deleted as u64;
+                signal.health.lock().last_error = None;
+                backoff = FIRST_BACKOFF.min(interval);
+                if more {
+                    continue;
+                }
+                interval
+            }
+            Err(err) => {
+                let mut health = signal.health.lock();
+                health.last_error = Some(err);
+                health.errors += 1;
+                let pause = backoff;
+                backoff = backoff.saturating_mul(2).min(interval);
+                pause
+            }
+        };
+        if signal.rest(pause) {
+            return total;
         }
     }
 }
@@ -114,7 +152,7 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
 #[derive(Debug)]
 pub struct Sweeper {
     signal: Arc<Signal>,
-    thread: Option<Result<JoinHandle<Result<u64>>>>,
+    thread: Option<Result<JoinHandle<u64>>>,
 }
 
 impl std::fmt::Debug for Signal {
@@ -124,11 +162,24 @@ impl std::fmt::Debug for Signal {
 }
 
 impl Sweeper {
+    /// The error of the sweeper's last sweep, if it failed; `None` once a sweep succeeds
+    /// again. The thread goes on retrying (see [`Store::start_sweeper`]).
+    #[must_use]
+    pub fn last_error(&self) -> Option<Error> {
+        self.signal.health.lock().last_error.clone()
+    }
+
+    /// How many of the sweeper's sweeps have failed since it started.
+    #[must_use]
+    pub fn errors(&self) -> u64 {
+        self.signal.health.lock().errors
+    }
+
     /// Stops the sweeper, waits for its thread, and returns how many records it deleted.
     ///
     /// # Errors
-    /// The error that stopped the thread early, if any ([`Error::Storage`] if the thread could
-    /// not be started or panicked).
+    /// The error of the last sweep, if it failed; [`Error::Storage`] if the thread could not
+    /// be started or panicked.
     pub fn stop(mut self) -> Result<u64> {
         self.shutdown()
     }
@@ -136,22 +187,26 @@ impl Sweeper {
     fn shutdown(&mut self) -> Result<u64> {
         *self.signal.stopped.lock() = true;
         self.signal.wake.notify_all();
-        match self.thread.take() {
-            Some(Ok(handle)) => handle.join().unwrap_or_else(|_| {
-                Err(Error::storage(
+        let deleted = match self.thread.take() {
+            Some(Ok(handle)) => handle.join().map_err(|_| {
+                Error::storage(
                     "sweeping",
                     std::io::Error::other("the sweeper thread panicked"),
-                ))
-            }),
-            Some(Err(err)) => Err(err),
-            None => Ok(0),
+                )
+            })?,
+            Some(Err(err)) => return Err(err),
+            None => 0,
+        };
+        match self.last_error() {
+            Some(err) => Err(err),
+            None => Ok(deleted),
         }
     }
 }
 
 impl Drop for Sweeper {
     fn drop(&mut self) {
-        // Drop cannot report; `stop` is the way to see the error.
+        // Drop cannot report; `stop` and `last_error` are the ways to see the error.
         let _ = self.shutdown();
     }
 }

@@ -19,7 +19,11 @@ use crate::store::Store;
 
 #[derive(Default)]
 pub(crate) struct Waiters {
-    gates: Mutex<HashMap<Key, Arc<Gate>>>,
+    /// Each key with waiters: its gate and how many wait on it. The count, not the `Arc`'s
+    /// strong count, decides when the entry goes: a wake-up holds a clone of the gate for a
+    /// moment, and a waiter leaving just then would otherwise leave the entry behind for good
+    /// (with unique keys the map only grew).
+    gates: Mutex<HashMap<Key, (Arc<Gate>, usize)>>,
     /// Times a waiter was woken by a settling call (not by a timeout); for tests and stats.
     wakeups: AtomicU64,
 }
@@ -32,20 +36,25 @@ struct Gate {
 
 impl Waiters {
     fn enter(&self, key: &Key) -> Arc<Gate> {
-        Arc::clone(self.gates.lock().entry(key.clone()).or_default())
+        let mut gates = self.gates.lock();
+        let (gate, waiting) = gates.entry(key.clone()).or_default();
+        *waiting += 1;
+        Arc::clone(gate)
     }
 
-    fn leave(&self, key: &Key, gate: Arc<Gate>) {
+    fn leave(&self, key: &Key) {
         let mut gates = self.gates.lock();
-        // The map's reference and ours: nobody else waits on this key.
-        if Arc::strong_count(&gate) == 2 {
-            gates.remove(key);
+        if let Some((_, waiting)) = gates.get_mut(key) {
+            *waiting -= 1;
+            if *waiting == 0 {
+                gates.remove(key);
+            }
         }
     }
 
     /// Wakes the waiters of `key`, if it has any.
     pub(crate) fn wake(&self, key: &Key) {
-        let gate = self.gates.lock().get(key).cloned();
+        let gate = self.gates.lock().get(key).map(|(gate, _)| Arc::clone(gate));
         if let Some(gate) = gate {
             *gate.generation.lock() += 1;
             gate.changed.notify_all();
@@ -58,12 +67,18 @@ impl Gate {
         *self.generation.lock()
     }
 
-    /// Waits until the generation moves past `seen` or `until` passes; true if woken.
-    fn wait_past(&self, seen: u64, until: Instant) -> bool {
+    /// Waits until the generation moves past `seen` or `until` passes (`None`: no time
+    /// limit); true if woken.
+    fn wait_past(&self, seen: u64, until: Option<Instant>) -> bool {
         let mut generation = self.generation.lock();
         while *generation == seen {
-            if self.changed.wait_until(&mut generation, until).timed_out() {
-                return *generation != seen;
+            match until {
+                Some(until) => {
+                    if self.changed.wait_until(&mut generation, until).timed_out() {
+                        return *generation != seen;
+                    }
+                }
+                None => self.changed.wait(&mut generation),
             }
         }
         true
@@ -80,6 +95,9 @@ impl Store {
     /// other keys are not woken. A lease lapse is noticed when the lease's deadline, read from
     /// the store's clock, passes in real time.
     ///
+    /// Any `timeout` works: one too long to add to the current instant (`Duration::MAX`)
+    /// waits without a time limit.
+    ///
     /// # Errors
     /// As for [`claim`](Store::claim).
     pub fn claim_wait(
@@ -88,7 +106,8 @@ impl Store {
         fingerprint: Fingerprint,
         timeout: Duration,
     ) -> Result<Claim> {
-        let deadline = Instant::now() + timeout;
+        // None: beyond what an `Instant` can hold, so never.
+        let deadline = Instant::now().checked_add(timeout);
         let gate = self.waiters.enter(key);
         let result = loop {
             let seen = gate.generation();
@@ -100,15 +119,20 @@ impl Store {
                 break Ok(claim);
             };
             let now = Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|deadline| now >= deadline) {
                 break Ok(claim);
             }
-            let lapse = now + lease_until.saturating_duration_since(self.now());
-            if gate.wait_past(seen, deadline.min(lapse)) {
+            let lapse = now.checked_add(lease_until.saturating_duration_since(self.now()));
+            let until = match (deadline, lapse) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if gate.wait_past(seen, until) {
                 self.waiters.wakeups.fetch_add(1, Ordering::Relaxed);
             }
         };
-        self.waiters.leave(key, gate);
+        drop(gate);
+        self.waiters.leave(key);
         result
     }
 
@@ -118,5 +142,81 @@ impl Store {
     #[must_use]
     pub fn wait_wakeups(&self) -> u64 {
         self.waiters.wakeups.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::api::fingerprint::Fingerprint;
+    use crate::api::key::Key;
+    use crate::api::outcome::Claim;
+    use crate::api::response::Response;
+    use crate::store::Store;
+
+    fn keys_waited_on(store: &Store) -> usize {
+        store.waiters.gates.lock().len()
+    }
+
+    /// 10^5 unique keys, each waited on by one thread while another completes it: every wait
+    /// ends with a wake-up racing the waiter's exit, and the map must end empty.
+    #[test]
+    fn the_waiter_map_is_empty_after_many_unique_keys() {
+        let store = Arc::new(Store::builder().open_in_memory().expect("open"));
+        let fp = Fingerprint::of(["w"]);
+        let threads = 4;
+        let per_thread = 25_000;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let store = Arc::clone(&store);
+                s.spawn(move || {
+                    for i in 0..per_thread {
+                        let key = Key::new(&format!("w{t}-{i}")).expect("key");
+                        let Ok(Claim::Acquired(lease)) = store.claim(&key, fp) else {
+                            panic!("fresh key not acquired");
+                        };
+                        std::thread::scope(|s| {
+                            s.spawn(|| {
+                                let got = store.claim_wait(&key, fp, Duration::from_secs(30));
+                                assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
+                            });
+                            store
+                                .complete(&lease, Response::new(200, "ok"))
+                                .expect("complete");
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(keys_waited_on(&store), 0, "the waiter map leaked");
+        assert!(store.wait_wakeups() > 0, "no wait was ever woken");
+    }
+
+    #[test]
+    fn claim_wait_takes_any_duration() {
+        let store = Arc::new(Store::builder().open_in_memory().expect("open"));
+        let key = Key::new("max").expect("key");
+        let fp = Fingerprint::of(["max"]);
+        let Ok(Claim::Acquired(lease)) = store.claim(&key, fp) else {
+            panic!("not acquired");
+        };
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| store.claim_wait(&key, fp, Duration::MAX));
+            // Completes only once the waiter is waiting, so the wait really has no limit.
+            while keys_waited_on(&store) == 0 {
+                std::thread::yield_now();
+            }
+            store
+                .complete(&lease, Response::new(200, "done"))
+                .expect("complete");
+            let got = waiter.join().expect("waiter");
+            assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
+        });
+        // And a completed key answers at once, with no overflow either.
+        let again = store.claim_wait(&key, fp, Duration::MAX);
+        assert!(matches!(again, Ok(Claim::Completed(_))), "{again:?}");
+        assert_eq!(keys_waited_on(&store), 0);
     }
 }

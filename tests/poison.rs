@@ -1,0 +1,403 @@
+//! Poisoning: a write or sync of the store's file that fails with `EIO` at any step of a batch, a flush, a checkpoint or the close makes the store
+//! refuse every later write with `Error::Poisoned` while reads go on; a full disk (`ENOSPC`)
+//! refused before the write does not. Reopened from what the disk holds (the synced image,
+//! as after a power cut, and the live one, as after a clean restart), the store keeps every
+//! acknowledged result and serves nothing unacknowledged as completed.
+//!
+//! The storage backend models the kernel after a failed sync as in PostgreSQL's "fsyncgate":
+//! the unsynced writes stay readable but are marked clean, so a later successful sync never
+//! makes them durable. A store that went on writing and checkpointing after such a failure
+//! would record as durable a state the disk does not hold.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idempotency_store::{Claim, Error, Key, ManualClock, Result, Store, Timestamp};
+
+mod acks;
+use acks::{Acks, Event, fingerprint, response_for};
+
+const RETENTION: Duration = Duration::from_secs(3600);
+/// Enough for the log (halves of 8 KiB) to switch halves and checkpoint a few times.
+const KEYS: usize = 80;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `write` and `set_len`.
+    Write,
+    Sync,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Eio,
+    Enospc,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    kind: Kind,
+    /// The failing call is this many calls of `kind` in.
+    nth: u64,
+    failure: Failure,
+}
+
+#[derive(Debug, Default)]
+struct Disk {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<(u64, Vec<u8>)>,
+    writes: u64,
+    syncs: u64,
+    plan: Option<Plan>,
+    fired: bool,
+}
+
+impl Disk {
+    /// Counts a call of `kind`; the planned failure if this is it.
+    fn tick(&mut self, kind: Kind) -> Option<Failure> {
+        let count = match kind {
+            Kind::Write => &mut self.writes,
+            Kind::Sync => &mut self.syncs,
+        };
+        let n = *count;
+        *count += 1;
+        let plan = self.plan.filter(|p| p.kind == kind && p.nth == n)?;
+        self.plan = None;
+        self.fired = true;
+        Some(plan.failure)
+    }
+}
+
+fn fail(failure: Failure) -> std::io::Error {
+    match failure {
+        // Linux's numbers; the store tells them apart by `ErrorKind` (StorageFull for ENOSPC).
+        Failure::Eio => std::io::Error::from_raw_os_error(5),
+        Failure::Enospc => std::io::Error::from(std::io::ErrorKind::StorageFull),
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FaultyDisk(Arc<Mutex<Disk>>);
+
+impl FaultyDisk {
+    fn new(plan: Option<Plan>) -> Self {
+        FaultyDisk(Arc::new(Mutex::new(Disk {
+            plan,
+            ..Disk::default()
+        })))
+    }
+
+    fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn image(image: Vec<u8>) -> Self {
+        FaultyDisk(Arc::new(Mutex::new(Disk {
+            durable: image.clone(),
+            live: image,
+            ..Disk::default()
+        })))
+    }
+}
+
+fn put(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let (start, end) = (offset as usize, offset as usize + data.len());
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[start..end].copy_from_slice(data);
+}
+
+impl redb::StorageBackend for FaultyDisk {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.disk().live.len() as u64)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let disk = self.disk();
+        let data = disk
+            .live
+            .get(offset as usize..offset as usize + out.len())
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        out.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        let mut disk = self.disk();
+        if let Some(failure) = disk.tick(Kind::Write) {
+            drop(disk);
+            return Err(fail(failure));
+        }
+        // Sizes are synced at once here; the writes are what a failed sync loses.
+        disk.live.resize(len as usize, 0);
+        disk.durable.resize(len as usize, 0);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        let mut disk = self.disk();
+        if let Some(failure) = disk.tick(Kind::Sync) {
+            // fsyncgate: the pages that failed to write are dropped from the writeback, clean.
+            disk.pending.clear();
+            drop(disk);
+            return Err(fail(failure));
+        }
+        for (offset, data) in std::mem::take(&mut disk.pending) {
+            put(&mut disk.durable, offset, &data);
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let mut disk = self.disk();
+        if let Some(failure) = disk.tick(Kind::Write) {
+            drop(disk);
+            return Err(fail(failure));
+        }
+        put(&mut disk.live, offset, data);
+        disk.pending.push((offset, data.to_vec()));
+        Ok(())
+    }
+}
+
+fn open(disk: FaultyDisk, clock: &ManualClock) -> Result<Store> {
+    Store::builder()
+        .retention(RETENTION)
+        .lease(Duration::from_secs(30))
+        // The smallest log: its halves fill every dozen pairs, so faults land in log writes,
+        // in the flush thread's checkpoints and in the batches that checkpoint themselves.
+        .log_size(16 << 10)
+        .clock(clock.clone())
+        .open_with_backend(disk)
+}
+
+/// Claims and completes (or releases) keys one by one until a call fails; returns the
+/// error.
+fn workload(store: &Store, acks: &mut Acks, clock: &ManualClock) -> Option<Error> {
+    for i in 0..KEYS {
+        let name = format!("k{i}");
+        clock.advance(Duration::from_millis(1));
+        if let Err(err) = step(store, acks, &name, i) {
+            return Some(err);
+        }
+    }
+    None
+}
+
+fn step(store: &Store, acks: &mut Acks, name: &str, i: usize) -> Result<()> {
+    let now = store.now().as_millis();
+    let mut ack = |kind, token| {
+        acks.record(
+            name,
+            Event {
+                kind,
+                token,
+                clock: now,
+            },
+        )
+    };
+    let Claim::Acquired(lease) = store.claim(&Key::new(name)?, fingerprint(name))? else {
+        panic!("{name}: fresh key not acquired");
+    };
+    ack('A', lease.token());
+    if i % 5 == 4 {
+        ack('r', lease.token());
+        store.release(&lease)?;
+        ack('R', lease.token());
+    } else {
+        store.complete(&lease, response_for(name, lease.token()))?;
+        ack('C', lease.token());
+    }
+    Ok(())
+}
+
+/// The outcome of one run with one planned fault.
+struct Run {
+    fired: bool,
+    opened: bool,
+}
+
+fn run(plan: Option<Plan>) -> Result<Run> {
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let disk = FaultyDisk::new(plan);
+    let mut acks = Acks::default();
+    let store = match open(disk.clone(), &clock) {
+        Ok(store) => store,
+        Err(_) => {
+            // Nothing was acknowledged; the half-made file is checked by tests/damaged.rs.
+            return Ok(Run {
+                fired: true,
+                opened: false,
+            });
+        }
+    };
+    let failed = workload(&store, &mut acks, &clock);
+    let failure = plan.map(|p| p.failure);
+    // Waits for the flush thread's report, so a fault there has been seen.
+    let settled = store.stats();
+    let eio = failure == Some(Failure::Eio);
+    let fired = disk.disk().fired;
+    let fresh = store.claim(&Key::new("fresh")?, fingerprint("fresh"));
+    if fired && eio {
+        // Poisoned, or the fault fired in its own flush.
+        assert!(
+            matches!(settled, Err(Error::Poisoned { .. } | Error::Storage { .. })),
+            "{plan:?}: stats after the fault: {settled:?}"
+        );
+        assert!(
+            matches!(fresh, Err(Error::Poisoned { .. })),
+            "{plan:?}: a write after the fault (first error {failed:?}): {fresh:?}"
+        );
+        let message = fresh.as_ref().err().map(ToString::to_string);
+        assert!(message.unwrap_or_default().contains("reopen"));
+    } else {
+        // No fault yet (or one that fires in this very claim), or a full disk: not poison.
+        assert!(
+            !matches!(fresh, Err(Error::Poisoned { .. })),
+            "{plan:?}: poisoned without a fault that may lose data: {fresh:?}"
+        );
+    }
+    let fired_before_close = disk.disk().fired;
+    let closed = store.close();
+    if fired_before_close && eio {
+        assert!(
+            matches!(closed, Err(Error::Poisoned { .. })),
+            "{plan:?}: close of a poisoned store: {closed:?}"
+        );
+    } else if disk.disk().fired && !fired_before_close {
+        // The fault fired in the close (its checkpoint, or redb's own close).
+        assert!(
+            closed.is_err(),
+            "{plan:?}: a fault in the close went unreported"
+        );
+    } else if !fired_before_close {
+        closed?;
+    }
+    let fired = disk.disk().fired;
+    // Power back on with what was synced, and a clean restart with what the kernel kept.
+    let (durable, live) = {
+        let disk = disk.disk();
+        (disk.durable.clone(), disk.live.clone())
+    };
+    for image in [durable, live] {
+        let store = open(FaultyDisk::image(image), &clock)?;
+        assert!(store.verify()?.is_clean(), "{plan:?}");
+        acks.check(&store, store.now().as_millis(), RETENTION)?;
+        let Claim::Acquired(lease) = store.claim(&Key::new("after")?, fingerprint("after"))? else {
+            panic!("{plan:?}: the reopened store refused a fresh claim");
+        };
+        store.release(&lease)?;
+        store.close()?;
+    }
+    Ok(Run {
+        fired,
+        opened: true,
+    })
+}
+
+/// Every call of `kind` in turn fails with `failure`; returns how many runs opened a store.
+fn every_step(kind: Kind, failure: Failure) -> Result<usize> {
+    let clean = FaultyDisk::new(None);
+    {
+        let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+        let store = open(clean.clone(), &clock)?;
+        let mut acks = Acks::default();
+        assert!(workload(&store, &mut acks, &clock).is_none());
+        store.close()?;
+    }
+    let calls = match kind {
+        Kind::Write => clean.disk().writes,
+        Kind::Sync => clean.disk().syncs,
+    };
+    let mut opened = 0;
+    for nth in 0..=calls {
+        let plan = Plan { kind, nth, failure };
+        let outcome = run(Some(plan))?;
+        opened += usize::from(outcome.opened);
+        assert!(
+            outcome.fired || nth == calls,
+            "{plan:?}: the fault never fired (the workload's calls changed)"
+        );
+    }
+    println!(
+        "{failure:?} on {kind:?}: {} steps, {opened} with a store open",
+        calls + 1
+    );
+    assert!(
+        opened > calls as usize / 2,
+        "most faults must land after the open"
+    );
+    Ok(opened)
+}
+
+#[test]
+fn eio_on_any_write_poisons_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Write, Failure::Eio).map(drop)
+}
+
+#[test]
+fn eio_on_any_sync_poisons_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Sync, Failure::Eio).map(drop)
+}
+
+#[test]
+fn enospc_on_any_write_does_not_poison_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Write, Failure::Enospc).map(drop)
+}
+
+#[test]
+fn reads_go_on_while_poisoned() -> Result<()> {
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let disk = FaultyDisk::new(None);
+    let store = open(disk.clone(), &clock)?;
+    let mut acks = Acks::default();
+    for i in 0..3 {
+        step(&store, &mut acks, &format!("k{i}"), i)?;
+    }
+    // The next sync fails: the next batch's log entry.
+    let syncs = disk.disk().syncs;
+    disk.disk().plan = Some(Plan {
+        kind: Kind::Sync,
+        nth: syncs,
+        failure: Failure::Eio,
+    });
+    let failed = step(&store, &mut acks, "k3", 3);
+    assert!(matches!(failed, Err(Error::Storage { .. })), "{failed:?}");
+    for i in 0..3 {
+        let name = format!("k{i}");
+        match store.claim(&Key::new(&name)?, fingerprint(&name))? {
+            Claim::Completed(replay) => assert_eq!(
+                replay.response.body,
+                response_for(&name, replay.response_token()).body
+            ),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert!(store.lookup(&Key::new(&name)?)?.is_some());
+    }
+    let refused = store.claim(&Key::new("k9")?, fingerprint("k9"));
+    assert!(
+        matches!(refused, Err(Error::Poisoned { .. })),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+/// The token a replayed response was stored with (`response_for` puts it in a header).
+trait Token {
+    fn response_token(&self) -> u64;
+}
+
+impl Token for idempotency_store::Replay {
+    fn response_token(&self) -> u64 {
+        self.response
+            .headers
+            .iter()
+            .find(|(name, _)| name == "x-token")
+            .and_then(|(_, v)| v.as_slice().try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    }
+}
