@@ -755,15 +755,12 @@ fn real_io_power_loss_keeps_every_acknowledged_call() {
     );
 }
 
-/// Issue 16, item 6: a power cut while `Store::open` creates the file leaves a file that is
-/// refused forever ("not an idempotency-store file (magic number mismatch)" when our header
-/// never landed, "Not a redb database: magic number mismatch" when ours did and redb's did
-/// not), although no call ever used it. The issue allows either fix: such a file opens, or it
-/// is refused with a message that says it is a creation cut short (the message for a file
-/// left empty, "… if it is a new file, delete it and the store will create it", does). Run with
-/// `--ignored` once creation is fixed.
+/// Issue 16, item 6: a power cut while `Store::open` creates the file must leave a file that
+/// opens, or one refused with a message that says it is a creation cut short (the message for
+/// a file left empty, "… if it is a new file, delete it and the store will create it", does).
+/// Before the fix such files were refused forever as "not an idempotency-store file (magic
+/// number mismatch)" or "Not a redb database: magic number mismatch".
 #[test]
-#[ignore = "issue 16 item 6: a creation cut short by power loss is refused forever"]
 fn real_io_power_loss_during_creation_leaves_an_openable_file() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
