@@ -130,10 +130,11 @@ fn a_failing_sweeper_retries_and_shows_its_error() -> Result<()> {
     let disk = FailingSyncs::default();
     let failing = std::sync::Arc::clone(&disk.failing);
     let store = std::sync::Arc::new(Store::builder().open_with_backend(disk)?);
-    let sweeper = store.start_sweeper(std::time::Duration::from_millis(40), 64);
     failing.store(true, std::sync::atomic::Ordering::SeqCst);
     let failed = store.claim(&Key::new("k")?, Fingerprint::of(["k"]));
     assert!(matches!(failed, Err(Error::Storage { .. })), "{failed:?}");
+    // Started after the fault, so that the claim (not a sweep) is what meets it first.
+    let sweeper = store.start_sweeper(std::time::Duration::from_millis(40), 64);
     let start = std::time::Instant::now();
     while sweeper.errors() < 3 {
         assert!(
