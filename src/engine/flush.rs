@@ -22,6 +22,7 @@ use redb::Database;
 use crate::engine::contain::contain;
 use crate::engine::meta::Counters;
 use crate::engine::overlay::{self, Shared};
+use crate::engine::stats::EngineStats;
 use crate::error::{Error, Result};
 
 pub(crate) struct Flusher {
@@ -62,12 +63,16 @@ pub(crate) enum Task {
 }
 
 impl Flusher {
-    pub(crate) fn start(db: Arc<Database>, overlay: Arc<Shared>) -> Result<Flusher> {
+    pub(crate) fn start(
+        db: Arc<Database>,
+        overlay: Arc<Shared>,
+        stats: Arc<EngineStats>,
+    ) -> Result<Flusher> {
         let shared = Arc::new(Channel::default());
         let channel = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idempotency-store-flush".into())
-            .spawn(move || run(&channel, &db, &overlay))
+            .spawn(move || run(&channel, &db, &overlay, &stats))
             .map_err(|err| Error::storage("starting the flush thread", err))?;
         Ok(Flusher {
             shared,
@@ -126,7 +131,7 @@ impl Drop for Flusher {
     }
 }
 
-fn run(channel: &Channel, db: &Database, overlay: &Shared) {
+fn run(channel: &Channel, db: &Database, overlay: &Shared, stats: &EngineStats) {
     loop {
         let job = {
             let mut state = channel.state.lock();
@@ -141,7 +146,7 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared) {
             job
         };
         let result = contain("writing the overlay into the tables", || {
-            write(db, overlay, job)
+            write(db, overlay, job, stats)
         });
         *channel.state.lock() = Phase::Done(job, result);
         channel.changed.notify_all();
@@ -149,7 +154,8 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared) {
 }
 
 /// The frozen generation into redb, in one commit.
-fn write(db: &Database, overlay: &Shared, job: Task) -> Result<()> {
+fn write(db: &Database, overlay: &Shared, job: Task, stats: &EngineStats) -> Result<()> {
+    let started = std::time::Instant::now();
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |records, index| overlay::write(&txn, records, index))?;
     match job {
@@ -163,5 +169,8 @@ fn write(db: &Database, overlay: &Shared, job: Task) -> Result<()> {
         } => counters.merge(&mut txn, seq, quick_repair)?,
     }
     txn.commit()?;
+    if matches!(job, Task::Merge { .. }) {
+        stats.merged(started);
+    }
     Ok(())
 }

@@ -13,6 +13,7 @@ use redb::{
 
 use crate::api::clock::{Clock, Timestamp};
 use crate::api::key::Key;
+use crate::api::metrics::EngineMetrics;
 use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
@@ -24,6 +25,7 @@ use crate::engine::meta::{
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
 use crate::engine::scan::Swept;
+use crate::engine::stats::EngineStats;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log, LogFile};
 use crate::error::{Error, Result};
@@ -61,6 +63,8 @@ pub(crate) struct Engine {
     flusher: Flusher,
     /// The highest time the engine has used; its clock never goes below it.
     high_water: AtomicU64,
+    /// Batches, log writes and merges, for `Store::metrics`.
+    pub(crate) stats: Arc<EngineStats>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -89,6 +93,7 @@ impl Engine {
         let mut writer = {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
+            crate::api::trace::recovered(entries.len());
             wal::redo(&txn, entries)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
@@ -102,7 +107,8 @@ impl Engine {
         let high_water = writer.counters.clock;
         let db = Arc::new(db);
         let overlay = Arc::new(Shared::default());
-        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay))?;
+        let stats = Arc::new(EngineStats::default());
+        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay), Arc::clone(&stats))?;
         Ok(Engine {
             db: Some(db),
             flusher,
@@ -111,7 +117,18 @@ impl Engine {
             writer: Mutex::new(writer),
             overlay,
             high_water: AtomicU64::new(high_water),
+            stats,
         })
+    }
+
+    /// The engine's counters and the overlay's size now.
+    pub(crate) fn metrics(&self) -> EngineMetrics {
+        let (overlay_records, overlay_bytes) = self.overlay.size();
+        EngineMetrics {
+            overlay_records,
+            overlay_bytes,
+            ..self.stats.snapshot()
+        }
     }
 
     /// The clock's time, but never earlier than any time the engine has already used (also
@@ -181,6 +198,11 @@ impl Engine {
 
     /// Runs one batch; `Ok` once it is durable.
     fn run_batch(&self, batch: &mut Batch) -> Result<()> {
+        let _span = crate::api::trace::enter!("batch", "redb");
+        self.stats.batch(match batch {
+            Batch::Writes(writes) => writes.len(),
+            Batch::Sweep(_) => 1,
+        });
         contain("writing a batch", || {
             let mut writer = self.writer.lock();
             match (batch, self.config.quota) {
@@ -235,6 +257,7 @@ impl Engine {
             || writer.log.append(&changes, false)?
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
+            self.stats.log_write();
             self.overlay.absorb(&batch);
             writer.counters = counters;
             return self.hand_over(writer);
@@ -332,6 +355,9 @@ impl Engine {
         if !changes.is_empty() && !writer.log.append(changes, true)? {
             return self.commit_durably(txn, writer, counters);
         }
+        if !changes.is_empty() {
+            self.stats.log_write();
+        }
         self.commit_unsynced(txn, writer)?;
         writer.counters = counters;
         Ok(())
@@ -355,9 +381,11 @@ impl Engine {
         writer: &mut Writer,
         counters: Counters,
     ) -> Result<()> {
+        let started = std::time::Instant::now();
         counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
         match txn.commit() {
             Ok(()) => {
+                self.stats.merged(started);
                 writer.log.merged();
                 writer.counters = counters;
                 Ok(())

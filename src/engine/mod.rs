@@ -15,5 +15,6 @@ pub(crate) mod open;
 pub(crate) mod ops;
 pub(crate) mod overlay;
 pub(crate) mod scan;
+pub(crate) mod stats;
 pub(crate) mod tables;
 pub(crate) mod wal;

@@ -24,10 +24,13 @@ impl Store {
 
     /// One sweep transaction: records deleted, and whether expired entries may remain.
     fn sweep_batch(&self, limit: usize) -> Result<(usize, bool)> {
+        let _span = crate::api::trace::enter!("sweep", "redb");
         if limit == 0 {
             return Ok((0, false));
         }
         let swept = self.engine.sweep(limit)?;
+        self.metrics
+            .swept(u64::try_from(swept.deleted).unwrap_or(u64::MAX));
         Ok((swept.deleted, swept.more))
     }
 
@@ -93,12 +96,15 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
             if *signal.stopped.lock() {
                 return Ok(total);
             }
-            let (deleted, more) = store.sweep_batch(batch)?;
+            let (deleted, more) = store
+                .sweep_batch(batch)
+                .inspect_err(|err| store.sweeper.failed(err))?;
             total += deleted as u64;
             if !more {
                 break;
             }
         }
+        store.sweeper.ran();
         let mut stopped = signal.stopped.lock();
         if !*stopped {
             signal.wake.wait_for(&mut stopped, interval);

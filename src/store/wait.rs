@@ -101,9 +101,11 @@ impl Store {
             };
             let now = Instant::now();
             if now >= deadline {
+                self.metrics.waited(true);
                 break Ok(claim);
             }
             let lapse = now + lease_until.saturating_duration_since(self.now());
+            self.metrics.waited(false);
             if gate.wait_past(seen, deadline.min(lapse)) {
                 self.waiters.wakeups.fetch_add(1, Ordering::Relaxed);
             }
