@@ -244,3 +244,28 @@ fn postgres_counts_each_outcome() {
     drop(store);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
 }
+
+/// The README's "Metrics" sample, verbatim.
+#[test]
+fn readme_sample_holds() -> idempotency_store::Result<()> {
+    let store = Store::builder().open_in_memory()?;
+    let key = Key::new("order-1")?;
+    let fp = Fingerprint::of(["POST", "/orders", "{}"]);
+    let Claim::Acquired(lease) = store.claim(&key, fp)? else {
+        unreachable!()
+    };
+    store.complete(&lease, Response::new(201, "created"))?;
+    let _replay = store.claim(&key, fp)?;
+    let _mismatch = store.claim(&key, Fingerprint::of(["POST", "/orders", "{\"x\":1}"]))?;
+
+    let m = store.metrics();
+    assert_eq!(
+        (m.claims.acquired, m.claims.replayed, m.claims.mismatch),
+        (1, 1, 1)
+    );
+    assert_eq!(m.completes, 1);
+    assert_eq!(m.claim_latency.count, 3);
+    let engine = m.engine.expect("the redb store reports its engine");
+    assert!(engine.batches >= 2);
+    Ok(())
+}
