@@ -242,6 +242,24 @@ fn postgres_counts_each_outcome() {
     let m = store.metrics();
     assert_eq!((m.backend, m.engine), ("postgres", None));
     drop(store);
+
+    // A quota of one record: the second new key is refused and counted.
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let store = idempotency_store::PgStore::builder()
+        .schema(schema.as_str())
+        .max_records(1)
+        .pool_size(1)
+        .connect(&url)
+        .expect("connect");
+    let _lease = acquire(&store, &key("first"));
+    assert!(matches!(
+        store.claim(&key("second"), fp("a")),
+        Err(Error::QuotaExceeded { .. })
+    ));
+    let m = store.metrics();
+    assert_eq!((m.quota_refusals, m.errors.quota_exceeded), (1, 1));
+    assert_eq!(m.claims.acquired, 1);
+    drop(store);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
 }
 
