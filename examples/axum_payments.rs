@@ -12,7 +12,8 @@
 //! port 0 picks a free one), `--wait-ms N` (0, the default: a duplicate of a request in flight
 //! gets 409 at once; otherwise it waits up to N ms), `--lease-ms N` (default 60000),
 //! `--delay-ms N` (simulated card-network latency; default 0). It prints
-//! `listening on http://ADDR` once it serves.
+//! `listening on http://ADDR` once it serves. `GET /metrics` answers the store's metrics in the
+//! Prometheus text format (README, "Metrics").
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -75,9 +76,21 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), BoxError> {
         let listener = tokio::net::TcpListener::bind(&listen).await?;
         println!("listening on http://{}", listener.local_addr()?);
         std::io::stdout().flush()?;
-        axum::serve(listener, app(payments)).await?;
+        let metrics = metrics_route(payments.store())?;
+        axum::serve(listener, app(payments).merge(metrics)).await?;
         Ok(())
     })
+}
+
+/// `GET /metrics`: the store's metrics (README, "Metrics") in the Prometheus text format.
+fn metrics_route(store: Arc<Store>) -> Result<Router, BoxError> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let render = move || {
+        let _gauges = store.metrics(); // sets the overlay and file-size gauges
+        let text = prometheus.render();
+        async move { text }
+    };
+    Ok(Router::new().route("/metrics", get(render)))
 }
 
 /// The routes; `POST /payments` behind the idempotency layer.

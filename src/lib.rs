@@ -100,6 +100,9 @@ pub use crate::api::backend::{IdempotencyStore, SWEEP_BATCH};
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::api::fingerprint::Fingerprint;
 pub use crate::api::key::{Key, MAX_KEY_LEN};
+pub use crate::api::metrics::{
+    ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
+};
 pub use crate::api::outcome::{
     Claim, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
 };

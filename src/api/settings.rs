@@ -25,6 +25,7 @@ pub struct Settings {
     pub(crate) lease: Duration,
     pub(crate) max_key_len: usize,
     pub(crate) max_response_bytes: usize,
+    pub(crate) trace_keys: bool,
 }
 
 impl Default for Settings {
@@ -34,11 +35,19 @@ impl Default for Settings {
             lease: Duration::from_secs(60),
             max_key_len: MAX_KEY_LEN,
             max_response_bytes: 1 << 20,
+            trace_keys: false,
         }
     }
 }
 
 impl Settings {
+    /// Whether `tracing` events (feature `tracing`) may show keys; keys can be personal data.
+    /// Set with the builders' `trace_keys`. Default: false (events say `<hidden>`).
+    #[must_use]
+    pub fn trace_keys(&self) -> bool {
+        self.trace_keys
+    }
+
     /// How long a completed record replays, counted from its completion. An in-progress record
     /// is kept until `retention` after its first claim (or its lease, if later), so a takeover
     /// still sees the attempt count and recovery point. Default: 24 hours.

@@ -23,6 +23,7 @@ use crate::engine::contain::contain_then;
 use crate::engine::meta::Counters;
 use crate::engine::overlay::{self, Shared};
 use crate::engine::poison::Poison;
+use crate::engine::stats::EngineStats;
 use crate::error::{Error, Result};
 
 pub(crate) struct Flusher {
@@ -67,12 +68,13 @@ impl Flusher {
         db: Arc<Database>,
         overlay: Arc<Shared>,
         poison: Arc<Poison>,
+        stats: Arc<EngineStats>,
     ) -> Result<Flusher> {
         let shared = Arc::new(Channel::default());
         let channel = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idempotency-store-flush".into())
-            .spawn(move || run(&channel, &db, &overlay, &poison))
+            .spawn(move || run(&channel, &db, &overlay, &poison, &stats))
             .map_err(|err| Error::storage("starting the flush thread", err))?;
         Ok(Flusher {
             shared,
@@ -131,7 +133,7 @@ impl Drop for Flusher {
     }
 }
 
-fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison) {
+fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison, stats: &EngineStats) {
     loop {
         let job = {
             let mut state = channel.state.lock();
@@ -151,7 +153,7 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison) {
             "writing the overlay into the tables",
             || {
                 poison.check()?;
-                write(db, overlay, job)
+                write(db, overlay, job, stats)
             },
             |err| poison.set(Arc::new(err.clone())),
         );
@@ -161,7 +163,8 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison) {
 }
 
 /// The frozen generation into redb, in one commit.
-fn write(db: &Database, overlay: &Shared, job: Task) -> Result<()> {
+fn write(db: &Database, overlay: &Shared, job: Task, stats: &EngineStats) -> Result<()> {
+    let started = std::time::Instant::now();
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |records, index| overlay::write(&txn, records, index))?;
     match job {
@@ -175,5 +178,8 @@ fn write(db: &Database, overlay: &Shared, job: Task) -> Result<()> {
         } => counters.merge(&mut txn, seq, quick_repair)?,
     }
     txn.commit()?;
+    if matches!(job, Task::Merge { .. }) {
+        stats.merged(started);
+    }
     Ok(())
 }

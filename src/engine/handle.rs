@@ -13,6 +13,7 @@ use redb::{
 
 use crate::api::clock::{Clock, Timestamp};
 use crate::api::key::Key;
+use crate::api::metrics::EngineMetrics;
 use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
@@ -25,6 +26,7 @@ use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
 use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
+use crate::engine::stats::EngineStats;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log, LogFile};
 use crate::error::{Error, Result};
@@ -68,6 +70,8 @@ pub(crate) struct Engine {
     high_water: AtomicU64,
     /// Set by a failure that may have lost data; every write checks it (see `poison`).
     poison: Arc<Poison>,
+    /// Batches, log writes and merges, for `Store::metrics`.
+    pub(crate) stats: Arc<EngineStats>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -103,6 +107,7 @@ impl Engine {
         let mut writer = {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
+            crate::api::trace::recovered(entries.len());
             wal::redo(&txn, entries)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
@@ -116,7 +121,13 @@ impl Engine {
         let high_water = writer.counters.clock;
         let db = Arc::new(db);
         let overlay = Arc::new(Shared::default());
-        let flusher = Flusher::start(Arc::clone(&db), Arc::clone(&overlay), Arc::clone(&poison))?;
+        let stats = Arc::new(EngineStats::default());
+        let flusher = Flusher::start(
+            Arc::clone(&db),
+            Arc::clone(&overlay),
+            Arc::clone(&poison),
+            Arc::clone(&stats),
+        )?;
         Ok(Engine {
             db: Some(db),
             flusher,
@@ -126,7 +137,18 @@ impl Engine {
             overlay,
             high_water: AtomicU64::new(high_water),
             poison,
+            stats,
         })
+    }
+
+    /// The engine's counters and the overlay's size now.
+    pub(crate) fn metrics(&self) -> EngineMetrics {
+        let (overlay_records, overlay_bytes) = self.overlay.size();
+        EngineMetrics {
+            overlay_records,
+            overlay_bytes,
+            ..self.stats.snapshot()
+        }
     }
 
     /// The clock's time, but never earlier than any time the engine has already used (also
@@ -201,6 +223,11 @@ impl Engine {
 
     /// Runs one batch; `Ok` once it is durable.
     fn run_batch(&self, batch: &mut Batch) -> Result<()> {
+        let _span = crate::api::trace::enter!("batch", "redb");
+        self.stats.batch(match batch {
+            Batch::Writes(writes) => writes.len(),
+            Batch::Sweep(_) => 1,
+        });
         contain_then(
             "writing a batch",
             || {
@@ -268,6 +295,7 @@ impl Engine {
             || writer.log.append(&changes, false)?
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
+            self.stats.log_write();
             self.overlay.absorb(&batch);
             writer.counters = counters;
             return self.hand_over(writer);
@@ -367,6 +395,9 @@ impl Engine {
         if !changes.is_empty() && !writer.log.append(changes, true)? {
             return self.commit_durably(txn, writer, counters);
         }
+        if !changes.is_empty() {
+            self.stats.log_write();
+        }
         self.commit_unsynced(txn, writer)?;
         writer.counters = counters;
         Ok(())
@@ -401,9 +432,11 @@ impl Engine {
         counters: Counters,
     ) -> Result<()> {
         let counters = self.with_high_water(counters);
+        let started = std::time::Instant::now();
         counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
         match txn.commit() {
             Ok(()) => {
+                self.stats.merged(started);
                 writer.log.merged();
                 writer.counters = counters;
                 Ok(())

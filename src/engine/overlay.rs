@@ -255,6 +255,19 @@ impl Shared {
         self.shards.iter().map(|s| s.active.read().bytes()).sum()
     }
 
+    /// How many records, and bytes, both generations hold.
+    pub(crate) fn size(&self) -> (u64, u64) {
+        let mut size = (0, 0);
+        for shard in &self.shards {
+            for generation in [&shard.active, &shard.frozen] {
+                let generation = generation.read();
+                size.0 += u64::try_from(generation.len()).unwrap_or(u64::MAX);
+                size.1 += u64::try_from(generation.bytes.len()).unwrap_or(u64::MAX);
+            }
+        }
+        size
+    }
+
     /// Makes the active generation the frozen one, which must be empty.
     pub(crate) fn freeze(&self) {
         for shard in &self.shards {

@@ -12,21 +12,25 @@ use ::postgres::{Client, GenericClient, IsolationLevel, Row, Statement};
 use postgres_native_tls::MakeTlsConnector;
 use r2d2_postgres::PostgresConnectionManager;
 
+#[cfg(doc)]
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+use crate::api::metrics::Counters;
 use crate::api::outcome::{Claim, Lease, RecordView};
 use crate::api::record::{Record, State, Verdict, verdict};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::error::{Error, Result};
+use crate::pg::metrics::Unmetered;
 pub use admin::PgRecords;
 
 mod admin;
 mod blocking;
 mod effects;
+mod metrics;
 mod quota;
 mod tls;
 
@@ -231,6 +235,8 @@ pub struct PgStore {
     /// The highest time an injected clock has shown; unused with the database's clock.
     high_water: AtomicU64,
     limits: Option<quota::Limits>,
+    /// What this store has done, for `PgStore::metrics`.
+    metrics: Counters,
 }
 
 impl Drop for PgStore {
@@ -462,6 +468,7 @@ impl PgStoreBuilder {
             settings: self.clone(),
             high_water: AtomicU64::new(0),
             limits,
+            metrics: Counters::new("postgres", self.shared.trace_keys),
         })
     }
 
@@ -693,7 +700,7 @@ impl PgStore {
     }
 }
 
-impl IdempotencyStore for PgStore {
+impl Unmetered for PgStore {
     fn now(&self) -> Result<Timestamp> {
         PgStore::now(self)
     }

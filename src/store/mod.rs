@@ -8,6 +8,7 @@ pub(crate) mod hooks;
 #[cfg(test)]
 mod log_faults;
 pub(crate) mod maintenance;
+pub(crate) mod metrics;
 pub(crate) mod sweep;
 pub(crate) mod wait;
 
@@ -18,6 +19,7 @@ use redb::WriteTransaction;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+use crate::api::metrics::{Call, Counters};
 use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
@@ -29,6 +31,7 @@ use crate::engine::ops::{Checkpoint, ClaimKey, Complete, Heartbeat, Release};
 use crate::error::Error;
 use crate::error::Result;
 use crate::store::builder::StoreBuilder;
+use crate::store::metrics::SweeperState;
 use crate::store::wait::Waiters;
 
 /// A durable idempotency-key store in one file (a write-ahead log and a redb database).
@@ -42,6 +45,8 @@ pub struct Store {
     config: StoreBuilder,
     path: Option<PathBuf>,
     waiters: Waiters,
+    pub(crate) metrics: Counters,
+    pub(crate) sweeper: SweeperState,
 }
 
 impl std::fmt::Debug for Store {
@@ -69,11 +74,14 @@ impl Store {
     }
 
     pub(crate) fn new(engine: Engine, config: StoreBuilder, path: Option<PathBuf>) -> Store {
+        let show_keys = config.settings.trace_keys;
         Store {
             engine,
             config,
             path,
             waiters: Waiters::default(),
+            metrics: Counters::new("redb", show_keys),
+            sweeper: SweeperState::default(),
         }
     }
 
@@ -150,6 +158,14 @@ impl Store {
     /// storage error on the write path leaves the outcome unknown: the claim may have landed
     /// (its lease then lapses normally).
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        let started = std::time::Instant::now();
+        let _span = crate::api::trace::enter!("claim", "redb");
+        let result = self.claim_unmetered(key, fingerprint);
+        self.metrics.claimed(&result, started);
+        result
+    }
+
+    fn claim_unmetered(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         self.check_key(key)?;
         if let Verdict::Answer(answer) = verdict(self.read(key)?, fingerprint, self.now()) {
             return Ok(answer);
@@ -180,6 +196,14 @@ impl Store {
     /// [`Error::LeaseLost`] if the key was taken over, released or expired (nothing written);
     /// [`Error::Storage`] if the commit failed (outcome unknown: look the key up).
     pub fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        let started = std::time::Instant::now();
+        let _span = crate::api::trace::enter!("complete", "redb");
+        let result = self.complete_unmetered(lease, response);
+        self.metrics.settled(Call::Complete, &result, started);
+        result
+    }
+
+    fn complete_unmetered(&self, lease: &Lease, response: Response) -> Result<()> {
         self.check_size(response.size())?;
         self.engine.write(Complete {
             key: lease.key.clone(),
@@ -197,6 +221,14 @@ impl Store {
     /// [`Error::LeaseLost`] if the lease no longer holds the key; [`Error::Storage`] if the
     /// commit failed.
     pub fn release(&self, lease: &Lease) -> Result<()> {
+        let started = std::time::Instant::now();
+        let _span = crate::api::trace::enter!("release", "redb");
+        let result = self.release_unmetered(lease);
+        self.metrics.settled(Call::Release, &result, started);
+        result
+    }
+
+    fn release_unmetered(&self, lease: &Lease) -> Result<()> {
         self.engine.write(Release {
             key: lease.key.clone(),
             token: lease.token,
@@ -213,6 +245,13 @@ impl Store {
     /// [`Error::LeaseLost`] if the lease no longer holds the key (stop the work: another
     /// attempt owns it); [`Error::Storage`] if the commit failed.
     pub fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        let started = std::time::Instant::now();
+        let result = self.heartbeat_unmetered(lease);
+        self.metrics.settled(Call::Heartbeat, &result, started);
+        result
+    }
+
+    fn heartbeat_unmetered(&self, lease: &mut Lease) -> Result<Timestamp> {
         let until = self.engine.write(Heartbeat {
             key: lease.key.clone(),
             token: lease.token,
@@ -229,7 +268,13 @@ impl Store {
     /// [`Error::ResponseTooLarge`] if `data` exceeds `max_response_bytes`;
     /// [`Error::LeaseLost`]; [`Error::Storage`].
     pub fn checkpoint(&self, lease: &mut Lease, data: impl Into<Vec<u8>>) -> Result<()> {
-        let data = data.into();
+        let started = std::time::Instant::now();
+        let result = self.checkpoint_unmetered(lease, data.into());
+        self.metrics.settled(Call::Checkpoint, &result, started);
+        result
+    }
+
+    fn checkpoint_unmetered(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
         self.check_size(data.len())?;
         self.engine.write(Checkpoint {
             key: lease.key.clone(),
@@ -386,6 +431,27 @@ impl Store {
     /// [`Error::Storage`] (the commit failed; outcome unknown). The inner result: `effect`'s
     /// error.
     pub fn complete_with<E, F>(
+        &self,
+        lease: &Lease,
+        response: Response,
+        effect: F,
+    ) -> Result<std::result::Result<(), E>>
+    where
+        F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
+    {
+        let started = std::time::Instant::now();
+        let result = self.complete_with_unmetered(lease, response, effect);
+        let settled = result
+            .as_ref()
+            .map(|inner| inner.is_ok())
+            .map_err(crate::error::Error::clone);
+        if !matches!(settled, Ok(false)) {
+            self.metrics.settled(Call::Complete, &settled, started);
+        }
+        result
+    }
+
+    fn complete_with_unmetered<E, F>(
         &self,
         lease: &Lease,
         response: Response,

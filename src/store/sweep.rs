@@ -24,10 +24,13 @@ impl Store {
 
     /// One sweep transaction: records deleted, and whether expired entries may remain.
     fn sweep_batch(&self, limit: usize) -> Result<(usize, bool)> {
+        let _span = crate::api::trace::enter!("sweep", "redb");
         if limit == 0 {
             return Ok((0, false));
         }
         let swept = self.engine.sweep(limit)?;
+        self.metrics
+            .swept(u64::try_from(swept.deleted).unwrap_or(u64::MAX));
         Ok((swept.deleted, swept.more))
     }
 
@@ -130,9 +133,11 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
                 if more {
                     continue;
                 }
+                store.sweeper.ran();
                 interval
             }
             Err(err) => {
+                store.sweeper.failed(&err);
                 let mut health = signal.health.lock();
                 health.last_error = Some(err);
                 health.errors += 1;

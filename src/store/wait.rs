@@ -120,6 +120,7 @@ impl Store {
             };
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
+                self.metrics.waited(true);
                 break Ok(claim);
             }
             let lapse = now.checked_add(lease_until.saturating_duration_since(self.now()));
@@ -127,6 +128,7 @@ impl Store {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            self.metrics.waited(false);
             if gate.wait_past(seen, until) {
                 self.waiters.wakeups.fetch_add(1, Ordering::Relaxed);
             }

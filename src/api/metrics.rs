@@ -1,0 +1,398 @@
+//! What a store has done since it was opened: lock-free counters kept at the call sites, and the
+//! snapshot [`Metrics`] that `Store::metrics` and `PgStore::metrics` return. Both backends count
+//! the same calls under the same names, so dashboards work on either.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::api::outcome::Claim;
+use crate::api::publish;
+use crate::api::trace;
+use crate::error::{Error, Result};
+
+/// Upper bounds of the latency buckets, in microseconds: powers of two from 1 µs to about
+/// 16.8 s, then one open bucket for anything slower.
+pub const LATENCY_BUCKETS_US: [u64; 25] = {
+    let mut bounds = [0u64; 25];
+    let mut i = 0;
+    while i < 25 {
+        bounds[i] = 1 << i;
+        i += 1;
+    }
+    bounds
+};
+
+/// A snapshot of a store's counters since it was opened. Cheap: it reads atomics and walks no
+/// table (for counts by state use `stats()`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metrics {
+    /// The backend: `"redb"` or `"postgres"`.
+    pub backend: &'static str,
+    /// Claims by outcome.
+    pub claims: ClaimCounts,
+    /// Completions that stored a response.
+    pub completes: u64,
+    /// Releases that deleted a record.
+    pub releases: u64,
+    /// Heartbeats that extended a lease.
+    pub heartbeats: u64,
+    /// Settling calls (complete, release, heartbeat, checkpoint) refused with
+    /// [`Error::LeaseLost`]: the worker was too slow for its lease, or was taken over.
+    pub lease_lost: u64,
+    /// Claims refused with [`Error::QuotaExceeded`].
+    pub quota_refusals: u64,
+    /// Times a `claim_wait` caller blocked, waiting for another attempt to settle or lapse.
+    pub waits: u64,
+    /// `claim_wait` calls that gave up waiting and returned the in-progress answer.
+    pub wait_timeouts: u64,
+    /// Expired records deleted by sweeps.
+    pub swept: u64,
+    /// Errors returned by the store's calls, by kind.
+    pub errors: ErrorCounts,
+    /// How long claims took (every outcome, errors included).
+    pub claim_latency: Latency,
+    /// How long completions took (every outcome, errors included).
+    pub complete_latency: Latency,
+    /// The redb store's engine: batches, log, merges, overlay, sweeper. `None` on PostgreSQL.
+    pub engine: Option<EngineMetrics>,
+}
+
+/// Claims by outcome.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimCounts {
+    /// Acquired a key with no live record (attempt 1).
+    pub acquired: u64,
+    /// Acquired by taking over a lapsed lease (attempt 2 or later).
+    pub taken_over: u64,
+    /// Answered [`Claim::InProgress`].
+    pub in_progress: u64,
+    /// Answered [`Claim::Completed`]: a replay.
+    pub replayed: u64,
+    /// Answered [`Claim::Mismatch`]: the key was reused for another request.
+    pub mismatch: u64,
+}
+
+/// Errors by kind (the variant of [`Error`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ErrorCounts {
+    /// [`Error::InvalidKey`].
+    pub invalid_key: u64,
+    /// [`Error::ResponseTooLarge`].
+    pub response_too_large: u64,
+    /// [`Error::LeaseLost`].
+    pub lease_lost: u64,
+    /// [`Error::QuotaExceeded`].
+    pub quota_exceeded: u64,
+    /// [`Error::Corrupted`].
+    pub corrupted: u64,
+    /// [`Error::Storage`].
+    pub storage: u64,
+    /// Any other kind.
+    pub other: u64,
+}
+
+/// A latency histogram with fixed log-scale buckets ([`LATENCY_BUCKETS_US`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Latency {
+    /// Calls counted.
+    pub count: u64,
+    /// Their total time, in microseconds.
+    pub sum_us: u64,
+    /// Calls per bucket: `buckets[i]` counts calls of at most `LATENCY_BUCKETS_US[i]` µs (and
+    /// more than the bound before); the last entry counts the slower ones.
+    pub buckets: Vec<u64>,
+}
+
+/// The redb store's engine counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineMetrics {
+    /// Group-commit batches committed.
+    pub batches: u64,
+    /// Write calls in those batches (`batched_ops / batches` is the mean batch size).
+    pub batched_ops: u64,
+    /// The largest batch, in write calls.
+    pub max_batch: u64,
+    /// Entries appended to the write-ahead log.
+    pub log_writes: u64,
+    /// Merges: the log's changes committed durably into the database.
+    pub merges: u64,
+    /// How long the last merge took.
+    pub last_merge: Duration,
+    /// How long the slowest merge took.
+    pub max_merge: Duration,
+    /// Records logged but not yet merged (readers look there first).
+    pub overlay_records: u64,
+    /// Their size, in bytes.
+    pub overlay_bytes: u64,
+    /// The store file's size, in bytes (`None` in memory).
+    pub file_bytes: Option<u64>,
+    /// When the background sweeper last finished a round (`None`: it never did).
+    pub sweeper_last_run: Option<SystemTime>,
+    /// The error that stopped the background sweeper, if one did.
+    pub sweeper_last_error: Option<String>,
+}
+
+/// The settling calls, for [`Counters::settled`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Complete,
+    Release,
+    Heartbeat,
+    Checkpoint,
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::Complete => "complete",
+            Call::Release => "release",
+            Call::Heartbeat => "heartbeat",
+            Call::Checkpoint => "checkpoint",
+        }
+    }
+}
+
+/// A histogram kept in atomics.
+#[derive(Debug)]
+struct Buckets {
+    counts: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    sum_us: AtomicU64,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Buckets {
+    fn record(&self, elapsed: Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let index = LATENCY_BUCKETS_US.partition_point(|&bound| bound < us);
+        if let Some(count) = self.counts.get(index) {
+            count.fetch_add(1, Relaxed);
+        }
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    fn snapshot(&self) -> Latency {
+        let buckets: Vec<u64> = self.counts.iter().map(|c| c.load(Relaxed)).collect();
+        Latency {
+            count: buckets.iter().sum(),
+            sum_us: self.sum_us.load(Relaxed),
+            buckets,
+        }
+    }
+}
+
+/// The counters one store keeps; every update is one relaxed atomic add (and, with feature
+/// `metrics`, the same count published through the facade).
+#[derive(Debug)]
+pub(crate) struct Counters {
+    backend: &'static str,
+    show_keys: bool,
+    acquired: AtomicU64,
+    taken_over: AtomicU64,
+    in_progress: AtomicU64,
+    replayed: AtomicU64,
+    mismatch: AtomicU64,
+    completes: AtomicU64,
+    releases: AtomicU64,
+    heartbeats: AtomicU64,
+    lease_lost: AtomicU64,
+    quota_refusals: AtomicU64,
+    waits: AtomicU64,
+    wait_timeouts: AtomicU64,
+    swept: AtomicU64,
+    errors: [AtomicU64; ERROR_KINDS.len()],
+    claim_latency: Buckets,
+    complete_latency: Buckets,
+}
+
+/// The `kind` label of each error counter, in `ErrorCounts`' order.
+const ERROR_KINDS: [&str; 7] = [
+    "invalid_key",
+    "response_too_large",
+    "lease_lost",
+    "quota_exceeded",
+    "corrupted",
+    "storage",
+    "other",
+];
+
+impl Counters {
+    /// Zeroed counters for `backend` (`"redb"` or `"postgres"`); `show_keys`: whether its
+    /// `tracing` events may show keys.
+    pub(crate) fn new(backend: &'static str, show_keys: bool) -> Counters {
+        let zero = || AtomicU64::new(0);
+        Counters {
+            backend,
+            show_keys,
+            acquired: zero(),
+            taken_over: zero(),
+            in_progress: zero(),
+            replayed: zero(),
+            mismatch: zero(),
+            completes: zero(),
+            releases: zero(),
+            heartbeats: zero(),
+            lease_lost: zero(),
+            quota_refusals: zero(),
+            waits: zero(),
+            wait_timeouts: zero(),
+            swept: zero(),
+            errors: std::array::from_fn(|_| zero()),
+            claim_latency: Buckets::default(),
+            complete_latency: Buckets::default(),
+        }
+    }
+
+    /// Adds one to `counter`, and to the published counter `name` (with `label`).
+    fn bump(
+        &self,
+        counter: &AtomicU64,
+        name: &'static str,
+        label: Option<(&'static str, &'static str)>,
+    ) {
+        counter.fetch_add(1, Relaxed);
+        publish::count(name, self.backend, label, 1);
+    }
+
+    /// Counts a claim's outcome and time.
+    pub(crate) fn claimed(&self, result: &Result<Claim>, started: Instant) {
+        let elapsed = started.elapsed();
+        self.claim_latency.record(elapsed);
+        publish::time("idempotency_claim_seconds", self.backend, elapsed);
+        let (counter, outcome) = match result {
+            Ok(Claim::Acquired(lease)) if lease.attempt > 1 => {
+                trace::taken_over(self.backend, &lease.key, lease.attempt, self.show_keys);
+                (&self.taken_over, "taken_over")
+            }
+            Ok(Claim::Acquired(_)) => (&self.acquired, "acquired"),
+            Ok(Claim::InProgress { .. }) => (&self.in_progress, "in_progress"),
+            Ok(Claim::Completed(_)) => (&self.replayed, "replayed"),
+            Ok(Claim::Mismatch { .. }) => (&self.mismatch, "mismatch"),
+            Err(err) => {
+                if matches!(err, Error::QuotaExceeded { .. }) {
+                    trace::quota_refused(self.backend);
+                    self.bump(
+                        &self.quota_refusals,
+                        "idempotency_quota_refusals_total",
+                        None,
+                    );
+                }
+                return self.failed(err);
+            }
+        };
+        self.bump(
+            counter,
+            "idempotency_claims_total",
+            Some(("outcome", outcome)),
+        );
+    }
+
+    /// Counts a settling call's outcome (and a completion's time).
+    pub(crate) fn settled<T>(&self, call: Call, result: &Result<T>, started: Instant) {
+        let done = match call {
+            Call::Complete => {
+                let elapsed = started.elapsed();
+                self.complete_latency.record(elapsed);
+                publish::time("idempotency_complete_seconds", self.backend, elapsed);
+                Some((&self.completes, "idempotency_completes_total"))
+            }
+            Call::Release => Some((&self.releases, "idempotency_releases_total")),
+            Call::Heartbeat => Some((&self.heartbeats, "idempotency_heartbeats_total")),
+            Call::Checkpoint => None,
+        };
+        match (result, done) {
+            (Ok(_), Some((counter, name))) => self.bump(counter, name, None),
+            (Ok(_), None) => {}
+            (Err(err), _) => {
+                if matches!(err, Error::LeaseLost) {
+                    trace::lease_lost(self.backend, call.name());
+                    self.bump(&self.lease_lost, "idempotency_lease_lost_total", None);
+                }
+                self.failed(err);
+            }
+        }
+    }
+
+    /// Counts an error by kind.
+    pub(crate) fn failed(&self, err: &Error) {
+        let kind = match err {
+            Error::InvalidKey { .. } => 0,
+            Error::ResponseTooLarge { .. } => 1,
+            Error::LeaseLost => 2,
+            Error::QuotaExceeded { .. } => 3,
+            Error::Corrupted { .. } => 4,
+            Error::Storage { .. } => 5,
+            _ => 6,
+        };
+        if let (Some(counter), Some(label)) = (self.errors.get(kind), ERROR_KINDS.get(kind)) {
+            self.bump(counter, "idempotency_errors_total", Some(("kind", label)));
+        }
+    }
+
+    /// Counts records deleted by a sweep.
+    pub(crate) fn swept(&self, records: u64) {
+        self.swept.fetch_add(records, Relaxed);
+        publish::count("idempotency_swept_total", self.backend, None, records);
+    }
+
+    /// Counts a `claim_wait` caller blocking (`false`), or giving up at its timeout (`true`).
+    pub(crate) fn waited(&self, timed_out: bool) {
+        if timed_out {
+            self.bump(
+                &self.wait_timeouts,
+                "idempotency_claim_wait_timeouts_total",
+                None,
+            );
+        } else {
+            self.bump(&self.waits, "idempotency_claim_waits_total", None);
+        }
+    }
+
+    /// The counters now.
+    pub(crate) fn snapshot(&self) -> Metrics {
+        let get = |c: &AtomicU64| c.load(Relaxed);
+        let e = |i: usize| self.errors.get(i).map_or(0, get);
+        Metrics {
+            backend: self.backend,
+            claims: ClaimCounts {
+                acquired: get(&self.acquired),
+                taken_over: get(&self.taken_over),
+                in_progress: get(&self.in_progress),
+                replayed: get(&self.replayed),
+                mismatch: get(&self.mismatch),
+            },
+            completes: get(&self.completes),
+            releases: get(&self.releases),
+            heartbeats: get(&self.heartbeats),
+            lease_lost: get(&self.lease_lost),
+            quota_refusals: get(&self.quota_refusals),
+            waits: get(&self.waits),
+            wait_timeouts: get(&self.wait_timeouts),
+            swept: get(&self.swept),
+            errors: ErrorCounts {
+                invalid_key: e(0),
+                response_too_large: e(1),
+                lease_lost: e(2),
+                quota_exceeded: e(3),
+                corrupted: e(4),
+                storage: e(5),
+                other: e(6),
+            },
+            claim_latency: self.claim_latency.snapshot(),
+            complete_latency: self.complete_latency.snapshot(),
+            engine: None,
+        }
+    }
+}

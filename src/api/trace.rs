@@ -1,0 +1,103 @@
+//! Spans and events through `tracing` (feature `tracing`): every item here is a no-op without
+//! the feature, so call sites need no `cfg`. Keys can be personal data: events carry a key only
+//! when the store was built with `trace_keys(true)`.
+
+use std::time::Duration;
+
+use crate::api::key::Key;
+
+/// Enters a debug-level span named `$name` (with a `backend` field) until the guard drops.
+macro_rules! enter {
+    ($name:literal, $backend:expr) => {{
+        #[cfg(feature = "tracing")]
+        let guard = tracing::debug_span!($name, backend = $backend).entered();
+        #[cfg(not(feature = "tracing"))]
+        let guard = $crate::api::trace::NoSpan;
+        let _ = $backend;
+        guard
+    }};
+}
+pub(crate) use enter;
+
+/// What a span guard is without the feature.
+#[cfg(not(feature = "tracing"))]
+#[derive(Debug)]
+pub(crate) struct NoSpan;
+
+/// The key's text for an event, if the user opted in.
+#[cfg(feature = "tracing")]
+fn shown(key: &Key, show_keys: bool) -> String {
+    if show_keys {
+        format!("{key:?}")
+    } else {
+        String::from("<hidden>")
+    }
+}
+
+/// A claim took over a lapsed lease.
+pub(crate) fn taken_over(backend: &str, key: &Key, attempt: u32, show_keys: bool) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(backend, attempt, key = %shown(key, show_keys), "took over a lapsed lease");
+    #[cfg(not(feature = "tracing"))]
+    let _ = (backend, key, attempt, show_keys);
+}
+
+/// A settling call found its lease lost.
+pub(crate) fn lease_lost(backend: &str, call: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        backend,
+        call,
+        "lease lost: the key was taken over, settled or expired"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = (backend, call);
+}
+
+/// A claim was refused for quota.
+pub(crate) fn quota_refused(backend: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(backend, "claim refused: quota exceeded");
+    #[cfg(not(feature = "tracing"))]
+    let _ = backend;
+}
+
+/// The background sweeper stopped on an error.
+pub(crate) fn sweeper_failed(error: &crate::error::Error) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(%error, "the background sweeper stopped");
+    #[cfg(not(feature = "tracing"))]
+    let _ = error;
+}
+
+/// Merges slower than this are warned about.
+#[cfg(feature = "tracing")]
+pub(crate) const SLOW_MERGE: Duration = Duration::from_secs(1);
+
+/// A merge committed after `elapsed`.
+pub(crate) fn merged(elapsed: Duration) {
+    #[cfg(feature = "tracing")]
+    if elapsed >= SLOW_MERGE {
+        tracing::warn!(?elapsed, "slow merge of the log into the database");
+    } else {
+        tracing::debug!(?elapsed, "merged the log into the database");
+    }
+    #[cfg(not(feature = "tracing"))]
+    let _ = elapsed;
+}
+
+/// A batch leader ran a batch of `ops` write calls.
+pub(crate) fn batch(ops: usize) {
+    #[cfg(feature = "tracing")]
+    tracing::trace!(ops, "batch leader: running a batch");
+    #[cfg(not(feature = "tracing"))]
+    let _ = ops;
+}
+
+/// Opening replayed `entries` log entries written after the last merge.
+pub(crate) fn recovered(entries: usize) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(entries, "recovery at open: replayed the log");
+    #[cfg(not(feature = "tracing"))]
+    let _ = entries;
+}

@@ -1,0 +1,119 @@
+//! `PgStore`'s calls, counted: the store's calls run unmetered in `mod.rs`, and the
+//! [`IdempotencyStore`] implementation here counts each outcome and time around them, under the
+//! same names as the redb store's.
+
+use std::time::Instant;
+
+use crate::api::backend::IdempotencyStore;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::metrics::{Call, Metrics};
+use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::api::report::{Stats, VerifyReport};
+use crate::api::response::Response;
+use crate::api::trace;
+use crate::error::Result;
+use crate::pg::PgStore;
+
+/// The store's calls as `mod.rs` implements them, before counting.
+pub(crate) trait Unmetered {
+    fn now(&self) -> Result<Timestamp>;
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()>;
+    fn release(&self, lease: &Lease) -> Result<()>;
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp>;
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()>;
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>>;
+    fn sweep(&self, limit: usize) -> Result<usize>;
+    fn verify(&self) -> Result<VerifyReport>;
+    fn stats(&self) -> Result<Stats>;
+}
+
+impl crate::pg::PgStoreBuilder {
+    /// Whether `tracing` events (feature `tracing`) may show keys. Keys can be personal data,
+    /// so by default events say `<hidden>` instead. Defaults to false.
+    pub fn trace_keys(&mut self, show: bool) -> &mut Self {
+        self.shared.trace_keys = show;
+        self
+    }
+}
+
+impl PgStore {
+    /// What this store has done since it was created, under the same names as
+    /// [`Store::metrics`](crate::Store::metrics): claims by outcome, settling calls, errors by
+    /// kind, latencies. Counts this process's calls only (other instances sharing the table
+    /// keep their own). Cheap: it reads counters and runs no query.
+    #[must_use]
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.snapshot()
+    }
+}
+
+impl IdempotencyStore for PgStore {
+    fn now(&self) -> Result<Timestamp> {
+        Unmetered::now(self)
+    }
+
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        let started = Instant::now();
+        let _span = trace::enter!("claim", "postgres");
+        let result = Unmetered::claim(self, key, fingerprint);
+        self.metrics.claimed(&result, started);
+        result
+    }
+
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        let started = Instant::now();
+        let _span = trace::enter!("complete", "postgres");
+        let result = Unmetered::complete(self, lease, response);
+        self.metrics.settled(Call::Complete, &result, started);
+        result
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        let started = Instant::now();
+        let _span = trace::enter!("release", "postgres");
+        let result = Unmetered::release(self, lease);
+        self.metrics.settled(Call::Release, &result, started);
+        result
+    }
+
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        let started = Instant::now();
+        let result = Unmetered::heartbeat(self, lease);
+        self.metrics.settled(Call::Heartbeat, &result, started);
+        result
+    }
+
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+        let started = Instant::now();
+        let result = Unmetered::checkpoint(self, lease, data);
+        self.metrics.settled(Call::Checkpoint, &result, started);
+        result
+    }
+
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        Unmetered::lookup(self, key)
+    }
+
+    fn sweep(&self, limit: usize) -> Result<usize> {
+        let _span = trace::enter!("sweep", "postgres");
+        let result = Unmetered::sweep(self, limit);
+        match &result {
+            Ok(deleted) => self
+                .metrics
+                .swept(u64::try_from(*deleted).unwrap_or(u64::MAX)),
+            Err(err) => self.metrics.failed(err),
+        }
+        result
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        Unmetered::verify(self)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        Unmetered::stats(self)
+    }
+}

@@ -1,0 +1,289 @@
+//! `Store::metrics` and `PgStore::metrics`: each outcome driven once, and the exact change it
+//! makes to the counters, on both backends (PostgreSQL only with `IDEMPOTENCY_PG_URL` set).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_store::{
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Metrics, Response, Store,
+    Timestamp,
+};
+
+const LEASE: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(3600);
+const T0: u64 = 1_700_000_000_000;
+
+fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of(["POST", "/payments", body])
+}
+
+fn key(name: &str) -> Key {
+    Key::new(name).expect("valid key")
+}
+
+fn acquire<S: IdempotencyStore>(store: &S, key: &Key) -> Lease {
+    match store.claim(key, fp("a")) {
+        Ok(Claim::Acquired(lease)) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// Drives every outcome the trait can produce and checks each counter's change, on `store`
+/// whose lease is `LEASE`, retention `RETENTION`, key limit 16 bytes, response limit 64 bytes.
+fn drive<S: IdempotencyStore>(store: &S, clock: &ManualClock, metrics: impl Fn() -> Metrics) {
+    let before = metrics();
+    assert_eq!(
+        before.claims,
+        Default::default(),
+        "a new store has counted nothing"
+    );
+
+    let k1 = key("k1");
+    let mut lease = acquire(store, &k1);
+    assert!(matches!(
+        store.claim(&k1, fp("a")),
+        Ok(Claim::InProgress { .. })
+    ));
+    assert!(matches!(
+        store.claim(&k1, fp("b")),
+        Ok(Claim::Mismatch { .. })
+    ));
+    store.heartbeat(&mut lease).expect("heartbeat");
+    let big = Response::new(200, vec![b'x'; 100]);
+    assert!(matches!(
+        store.complete(&lease, big),
+        Err(Error::ResponseTooLarge { .. })
+    ));
+    store
+        .complete(&lease, Response::new(201, "ok"))
+        .expect("complete");
+    assert!(matches!(store.claim(&k1, fp("a")), Ok(Claim::Completed(_))));
+    assert!(matches!(
+        store.complete(&lease, Response::new(201, "ok")),
+        Err(Error::LeaseLost)
+    ));
+    let long = key("a-key-longer-than-sixteen-bytes");
+    assert!(matches!(
+        store.claim(&long, fp("a")),
+        Err(Error::InvalidKey { .. })
+    ));
+
+    let m = metrics();
+    assert_eq!(m.claims.acquired, 1);
+    assert_eq!(m.claims.in_progress, 1);
+    assert_eq!(m.claims.mismatch, 1);
+    assert_eq!(m.claims.replayed, 1);
+    assert_eq!(m.claims.taken_over, 0);
+    assert_eq!(m.heartbeats, 1);
+    assert_eq!(m.completes, 1);
+    assert_eq!(m.lease_lost, 1);
+    assert_eq!(m.errors.lease_lost, 1);
+    assert_eq!(m.errors.response_too_large, 1);
+    assert_eq!(m.errors.invalid_key, 1);
+    assert_eq!(m.errors.storage + m.errors.corrupted + m.errors.other, 0);
+    assert_eq!(
+        m.claim_latency.count, 5,
+        "every claim is timed, errors included"
+    );
+    assert_eq!(m.complete_latency.count, 3);
+    assert_eq!(m.claim_latency.buckets.iter().sum::<u64>(), 5);
+
+    // A lapsed lease: taken over; the old holder's calls are refused as lost.
+    let k2 = key("k2");
+    let mut old = acquire(store, &k2);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let new = acquire(store, &k2);
+    assert_eq!(new.attempt(), 2);
+    assert!(matches!(store.release(&old), Err(Error::LeaseLost)));
+    assert!(matches!(store.heartbeat(&mut old), Err(Error::LeaseLost)));
+    assert!(matches!(
+        store.checkpoint(&mut old, b"step".to_vec()),
+        Err(Error::LeaseLost)
+    ));
+    store.release(&new).expect("release");
+
+    let m2 = metrics();
+    assert_eq!(m2.claims.acquired - m.claims.acquired, 1);
+    assert_eq!(m2.claims.taken_over, 1);
+    assert_eq!(m2.releases, 1);
+    assert_eq!(
+        m2.heartbeats, 1,
+        "a refused heartbeat does not count as one"
+    );
+    assert_eq!(m2.lease_lost - m.lease_lost, 3);
+    assert_eq!(m2.errors.lease_lost - m.errors.lease_lost, 3);
+
+    // Past retention, k1's record is swept.
+    clock.advance(RETENTION + Duration::from_secs(1));
+    assert_eq!(store.sweep(100).expect("sweep"), 1);
+    assert_eq!(metrics().swept, 1);
+    assert_eq!(metrics().quota_refusals, 0);
+}
+
+fn open_redb(builder: &mut idempotency_store::StoreBuilder) -> (Store, ManualClock) {
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let store = builder
+        .lease(LEASE)
+        .retention(RETENTION)
+        .max_key_len(16)
+        .max_response_bytes(64)
+        .clock(clock.clone())
+        .open_in_memory()
+        .expect("open");
+    (store, clock)
+}
+
+#[test]
+fn redb_counts_each_outcome() {
+    let (store, clock) = open_redb(&mut Store::builder());
+    drive(&store, &clock, || store.metrics());
+    let m = store.metrics();
+    assert_eq!(m.backend, "redb");
+    let engine = m.engine.expect("the redb store reports its engine");
+    assert!(engine.batches >= 1 && engine.batched_ops >= engine.batches);
+    assert!(engine.max_batch >= 1);
+    assert!(engine.log_writes >= 1);
+    assert_eq!(engine.file_bytes, None, "an in-memory store has no file");
+}
+
+#[test]
+fn redb_counts_quota_refusals() {
+    let (store, _clock) = open_redb(Store::builder().max_records(1));
+    let _lease = acquire(&store, &key("first"));
+    assert!(matches!(
+        store.claim(&key("second"), fp("a")),
+        Err(Error::QuotaExceeded { .. })
+    ));
+    let m = store.metrics();
+    assert_eq!((m.quota_refusals, m.errors.quota_exceeded), (1, 1));
+    assert_eq!(m.claims.acquired, 1);
+}
+
+#[test]
+fn redb_counts_claim_wait_timeouts() {
+    let (store, _clock) = open_redb(&mut Store::builder());
+    let k = key("busy");
+    let _lease = acquire(&store, &k);
+    let claim = store.claim_wait(&k, fp("a"), Duration::from_millis(20));
+    assert!(matches!(claim, Ok(Claim::InProgress { .. })));
+    let m = store.metrics();
+    assert_eq!(m.wait_timeouts, 1);
+    assert!(m.waits >= 1, "it blocked before giving up: {}", m.waits);
+    assert_eq!(m.claims.in_progress, 1 + m.waits);
+}
+
+#[test]
+fn redb_reports_merges_file_size_and_the_sweeper() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("store.idem");
+    let store = Arc::new(
+        Store::builder()
+            .log_size(64 * 1024)
+            .open(&path)
+            .expect("open"),
+    );
+    for i in 0..2000 {
+        let lease = acquire(&*store, &key(&format!("key-{i}")));
+        store
+            .complete(&lease, Response::new(200, "ok"))
+            .expect("complete");
+    }
+    let sweeper = store.start_sweeper(Duration::from_secs(3600), 100);
+    // The first round runs at once; wait for it to be reported before stopping the sweeper.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store
+        .metrics()
+        .engine
+        .and_then(|e| e.sweeper_last_run)
+        .is_none()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sweeper.stop().expect("sweeper");
+    let m = store.metrics();
+    let engine = m.engine.expect("engine");
+    assert_eq!((m.claims.acquired, m.completes), (2000, 2000));
+    assert!(engine.merges >= 1, "a small log merges: {engine:?}");
+    assert!(engine.max_merge >= engine.last_merge && engine.max_merge > Duration::ZERO);
+    assert_eq!(
+        engine.file_bytes,
+        Some(std::fs::metadata(&path).expect("meta").len())
+    );
+    assert!(engine.sweeper_last_run.is_some());
+    assert_eq!(engine.sweeper_last_error, None);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_counts_each_outcome() {
+    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
+        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+        return;
+    };
+    let schema = format!("metrics_{}", std::process::id());
+    let admin = |sql: &str| {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        client.batch_execute(sql).expect("admin sql");
+    };
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let store = idempotency_store::PgStore::builder()
+        .schema(schema.as_str())
+        .lease(LEASE)
+        .retention(RETENTION)
+        .max_key_len(16)
+        .max_response_bytes(64)
+        .pool_size(2)
+        .clock(clock.clone())
+        .connect(&url)
+        .expect("connect");
+    drive(&store, &clock, || store.metrics());
+    let m = store.metrics();
+    assert_eq!((m.backend, m.engine), ("postgres", None));
+    drop(store);
+
+    // A quota of one record: the second new key is refused and counted.
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let store = idempotency_store::PgStore::builder()
+        .schema(schema.as_str())
+        .max_records(1)
+        .pool_size(1)
+        .connect(&url)
+        .expect("connect");
+    let _lease = acquire(&store, &key("first"));
+    assert!(matches!(
+        store.claim(&key("second"), fp("a")),
+        Err(Error::QuotaExceeded { .. })
+    ));
+    let m = store.metrics();
+    assert_eq!((m.quota_refusals, m.errors.quota_exceeded), (1, 1));
+    assert_eq!(m.claims.acquired, 1);
+    drop(store);
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+}
+
+/// The README's "Metrics" sample, verbatim.
+#[test]
+fn readme_sample_holds() -> idempotency_store::Result<()> {
+    let store = Store::builder().open_in_memory()?;
+    let key = Key::new("order-1")?;
+    let fp = Fingerprint::of(["POST", "/orders", "{}"]);
+    let Claim::Acquired(lease) = store.claim(&key, fp)? else {
+        unreachable!()
+    };
+    store.complete(&lease, Response::new(201, "created"))?;
+    let _replay = store.claim(&key, fp)?;
+    let _mismatch = store.claim(&key, Fingerprint::of(["POST", "/orders", "{\"x\":1}"]))?;
+
+    let m = store.metrics();
+    assert_eq!(
+        (m.claims.acquired, m.claims.replayed, m.claims.mismatch),
+        (1, 1, 1)
+    );
+    assert_eq!(m.completes, 1);
+    assert_eq!(m.claim_latency.count, 3);
+    let engine = m.engine.expect("the redb store reports its engine");
+    assert!(engine.batches >= 2);
+    Ok(())
+}
