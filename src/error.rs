@@ -124,6 +124,19 @@ pub enum Error {
          call it before or after complete_with"
     )]
     Reentrant,
+
+    /// An effect of [`Store::complete_with_effects`](crate::Store::complete_with_effects)
+    /// named a table the store was not opened with (or with other key or value types), or the
+    /// log holds rows of such a table. Nothing of the effect was written. Register the table
+    /// with [`StoreBuilder::effect_table`](crate::StoreBuilder::effect_table), with the types it
+    /// was written with.
+    #[error("effect table `{table}`: {reason}")]
+    EffectTable {
+        /// The table's name.
+        table: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
 }
 
 /// Shorthand for results of this crate.

@@ -109,6 +109,7 @@ pub use crate::api::outcome::{
 pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
 pub use crate::api::response::Response;
 pub use crate::api::settings::{Settings, WhenFull};
+pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
 pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
@@ -119,7 +120,8 @@ pub use crate::store::builder::Builder;
 pub use crate::store::builder::{Durability, StoreBuilder};
 pub use crate::store::sweep::Sweeper;
 
-/// The redb this crate stores in, for [`Store::complete_with`]'s own tables. Supported: redb
+/// The redb this crate stores in, for the caller's own tables ([`Store::complete_with_effects`],
+/// [`StoreBuilder::effect_table`], [`Store::complete_with`], [`Store::read_with`]). Supported: redb
 /// `>= 4.6, < 5` (the requirement `redb = "4.6"`; the test suite runs on 4.6.0, the newest 4.x
 /// release), so an application on any of those versions shares one copy with this crate.
 pub use redb;

@@ -1,6 +1,7 @@
 //! Crash consistency with real processes: a child runs a mixed workload (claims, completions,
 //! releases, takeovers, a background sweeper; 8 threads so group-commit batches are in flight)
-//! and logs each acknowledged result *after* the store call returned Ok. The parent kills it
+//! and logs each acknowledged result *after* the store call returned Ok. Half the completions
+//! (even tokens) write a ledger row through an effect in the same batch. The parent kills it
 //! with SIGKILL at a random moment, reopens the file and checks every acknowledged result
 //! against the store.
 //!
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
 
 mod acks;
-use acks::{Acks, Event, fingerprint, response_for};
+use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
 const RETENTION: Duration = Duration::from_secs(10);
@@ -37,6 +38,7 @@ fn builder(clock: &ManualClock) -> idempotency_store::StoreBuilder {
         // A small log (halves of 32 KiB): the children switch log halves and checkpoint in
         // the background many times between kills, so kills land in those too.
         .log_size(64 << 10)
+        .effect_table(LEDGER)
         .clock(clock.clone());
     builder
 }
@@ -115,7 +117,7 @@ fn child_worker(store: &Store, clock: &ManualClock, log: &Path, prefix: &str) ->
         match i % 10 {
             0..=5 => {
                 let before = store.now().as_millis();
-                store.complete(&lease, response_for(&name, token))?;
+                complete(store, &lease, &name)?;
                 log.line(format!("C {name} {token} {before}"));
             }
             6 | 7 => {
@@ -191,7 +193,7 @@ fn check_takeover(store: &Store, clock: &ManualClock, acks: &Acks, log: &mut Log
         assert_eq!(lease.attempt(), view.attempt + 1);
         let before = store.now().as_millis();
         log.line(format!("A {name} {} {before}", lease.token()));
-        store.complete(&lease, response_for(name, lease.token()))?;
+        complete(store, &lease, name)?;
         log.line(format!("C {name} {} {before}", lease.token()));
         return Ok(true);
     }
@@ -238,6 +240,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
     let mut rng = seed();
     println!("crash test: seed {rng}, {iterations} kills");
     let (mut kills, mut checks, mut takeovers, mut acknowledged) = (0, 0, 0, 0);
+    let mut ledger_rows = 0;
     let started = Instant::now();
     for iteration in 0..iterations {
         let mut child = Command::new(&exe)
@@ -279,6 +282,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
         let now = store.now();
         clock.set(now);
         checks += acks.check(&store, now.as_millis(), RETENTION)?;
+        ledger_rows = check_ledger(&store, now.as_millis(), RETENTION)?;
 
         // The store accepts new claims.
         let fresh = Key::new(&format!("parent-{iteration}"))?;
@@ -293,10 +297,12 @@ fn sigkill_loop(portable: bool) -> Result<()> {
     }
     println!(
         "crash test: {kills} SIGKILLs, {checks} key checks ({acknowledged} keys acknowledged in all), \
+         {ledger_rows} ledger rows matched to their responses after the last kill, \
          {takeovers} takeovers after lease checked, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     assert_eq!(kills, iterations);
+    assert!(ledger_rows > 0, "no completion wrote a ledger row");
     assert!(
         takeovers > 0,
         "no in-progress record was left to check the takeover rule"

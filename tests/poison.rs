@@ -2,7 +2,8 @@
 //! refuse every later write with `Error::Poisoned` while reads go on; a full disk (`ENOSPC`)
 //! refused before the write does not. Reopened from what the disk holds (the synced image,
 //! as after a power cut, and the live one, as after a clean restart), the store keeps every
-//! acknowledged result and serves nothing unacknowledged as completed.
+//! acknowledged result and serves nothing unacknowledged as completed. Half the completions
+//! write a ledger row through an effect (`acks::complete`): rows and responses must match.
 //!
 //! The storage backend models the kernel after a failed sync as in PostgreSQL's "fsyncgate":
 //! the unsynced writes stay readable but are marked clean, so a later successful sync never
@@ -15,7 +16,7 @@ use std::time::Duration;
 use idempotency_store::{Claim, Error, Key, ManualClock, Result, Store, Timestamp};
 
 mod acks;
-use acks::{Acks, Event, fingerprint, response_for};
+use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint, response_for};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 /// Enough for the log (halves of 8 KiB) to switch halves and checkpoint a few times.
@@ -171,6 +172,7 @@ fn open(disk: FaultyDisk, clock: &ManualClock) -> Result<Store> {
         // The smallest log: its halves fill every dozen pairs, so faults land in log writes,
         // in the flush thread's checkpoints and in the batches that checkpoint themselves.
         .log_size(16 << 10)
+        .effect_table(LEDGER)
         .clock(clock.clone())
         .open_with_backend(disk)
 }
@@ -209,7 +211,7 @@ fn step(store: &Store, acks: &mut Acks, name: &str, i: usize) -> Result<()> {
         store.release(&lease)?;
         ack('R', lease.token());
     } else {
-        store.complete(&lease, response_for(name, lease.token()))?;
+        complete(store, &lease, name)?;
         ack('C', lease.token());
     }
     Ok(())
@@ -287,6 +289,7 @@ fn run(plan: Option<Plan>) -> Result<Run> {
         let store = open(FaultyDisk::image(image), &clock)?;
         assert!(store.verify()?.is_clean(), "{plan:?}");
         acks.check(&store, store.now().as_millis(), RETENTION)?;
+        check_ledger(&store, store.now().as_millis(), RETENTION)?;
         let Claim::Acquired(lease) = store.claim(&Key::new("after")?, fingerprint("after"))? else {
             panic!("{plan:?}: the reopened store refused a fresh claim");
         };

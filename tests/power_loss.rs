@@ -2,7 +2,8 @@
 //! `sync_data` covered) apart from the *live* one and cuts the power at a chosen write. The
 //! crash image is the durable image plus a random subset of the unsynced writes (a disk may
 //! have written any of them, in any mix). Reopening from it must keep every acknowledged
-//! result. This reaches states a SIGKILL cannot: after a kill the OS still writes what the
+//! result, and ledger rows written by effects must match the completed responses key by key.
+//! This reaches states a SIGKILL cannot: after a kill the OS still writes what the
 //! process handed it; after a power cut, unsynced writes are lost or torn.
 
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use std::time::Duration;
 use idempotency_store::{Claim, Durability, Key, ManualClock, Result, Store, Timestamp};
 
 mod acks;
-use acks::{Acks, Event, fingerprint, response_for};
+use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 
@@ -161,6 +162,7 @@ fn open(backend: SimBackend, clock: &ManualClock, durability: Durability) -> Res
         // A small log, so that checkpoints (durable redb commits) happen every few dozen
         // batches and the cuts land in them as well as in log writes.
         .log_size(32 << 10)
+        .effect_table(LEDGER)
         .clock(clock.clone())
         .open_with_backend(backend)
 }
@@ -193,7 +195,7 @@ fn step(store: &Store, acks: &Mutex<Acks>, name: &str, i: usize) -> Result<()> {
     ack('A', lease.token(), now);
     match i % 4 {
         0 | 1 => {
-            store.complete(&lease, response_for(name, lease.token()))?;
+            complete(store, &lease, name)?;
             ack('C', lease.token(), now);
         }
         2 => {
@@ -211,7 +213,7 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let acks = Mutex::new(Acks::default());
     let mut image = Vec::new();
-    let (mut cuts_in_open, mut checked, mut torn_writes) = (0, 0, 0);
+    let (mut cuts_in_open, mut checked, mut torn_writes, mut rows) = (0, 0, 0, 0);
     for iteration in 0..iterations {
         let budget = 1 + rng.next() % 600;
         let backend = SimBackend::new(image.clone(), Some(budget));
@@ -236,6 +238,7 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
             .lock()
             .expect("acks")
             .check(&store, store.now().as_millis(), RETENTION)?;
+        rows += check_ledger(&store, store.now().as_millis(), RETENTION)?;
         let fresh = Key::new(&format!("after-{iteration}"))?;
         let Claim::Acquired(lease) = store.claim(&fresh, fingerprint("after"))? else {
             panic!("iteration {iteration}: the recovered store refused a fresh claim");
@@ -246,8 +249,10 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
     }
     println!(
         "power loss ({durability:?}): {iterations} cuts ({cuts_in_open} during open), \
-         {torn_writes} unsynced writes randomly kept or lost, {checked} key checks"
+         {torn_writes} unsynced writes randomly kept or lost, {checked} key checks, \
+         {rows} ledger rows matched to their responses"
     );
+    assert!(rows > 0, "no completion wrote a ledger row");
     Ok(())
 }
 

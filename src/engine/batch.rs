@@ -15,8 +15,9 @@ use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::record::{Record, State};
 use crate::engine::contain::from_storage;
+use crate::engine::effects::{ReadRows, Registry, Row};
 use crate::engine::meta::Usage;
-use crate::engine::overlay::{Overlay, Shared};
+use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::engine::wal::Change;
 use crate::error::Error;
@@ -69,6 +70,8 @@ impl Quota {
 
 /// redb's tables in a write transaction, and the store's quota if it has one.
 pub(crate) struct Direct<'a> {
+    txn: &'a WriteTransaction,
+    registry: &'a Registry,
     pub records: RecordsTable<'a>,
     pub expiry: ExpiryTable<'a>,
     pub quota: Option<Quota>,
@@ -76,6 +79,7 @@ pub(crate) struct Direct<'a> {
 
 /// redb's records as of a snapshot, the shared overlay, and this batch's own changes.
 pub(crate) struct Layered<'a> {
+    snapshot: &'a ReadTransaction,
     base: ReadOnlyTable<&'static [u8], &'static [u8]>,
     overlay: &'a Shared,
     batch: Overlay,
@@ -89,6 +93,12 @@ pub(crate) trait Access {
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail>;
     /// Files (`present`) or unfiles the key under `expires_at` in the expiry index.
     fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail>;
+    /// The tables registered for effects.
+    fn registry(&self) -> &Registry;
+    /// The value bytes of `key` in the effect table at `table`.
+    fn effect_bytes(&self, table: usize, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
+    /// Applies an effect's row.
+    fn set_effect(&mut self, row: &Row) -> Result<(), Fail>;
     /// Makes room for one more record under the batch's quota, or fails closed; see
     /// `ops::make_room`. A layered batch has no quota.
     fn make_room(tables: &mut Tables<Self>, now: Timestamp) -> Result<(), Fail>
@@ -115,8 +125,14 @@ impl<A> Tables<A> {
 
 impl<'a> Tables<Direct<'a>> {
     /// The tables of the write transaction `txn`, under `quota`.
-    pub(crate) fn direct(txn: &'a WriteTransaction, quota: Option<Quota>) -> Result<Self, Error> {
+    pub(crate) fn direct(
+        txn: &'a WriteTransaction,
+        registry: &'a Registry,
+        quota: Option<Quota>,
+    ) -> Result<Self, Error> {
         Ok(Self::new(Direct {
+            txn,
+            registry,
             records: txn.open_table(RECORDS)?,
             expiry: txn.open_table(EXPIRY)?,
             quota,
@@ -133,8 +149,12 @@ impl<'a> Tables<Direct<'a>> {
 
 impl<'a> Tables<Layered<'a>> {
     /// The records of the read transaction `snapshot` under `overlay`.
-    pub(crate) fn layered(snapshot: &ReadTransaction, overlay: &'a Shared) -> Result<Self, Error> {
+    pub(crate) fn layered(
+        snapshot: &'a ReadTransaction,
+        overlay: &'a Shared,
+    ) -> Result<Self, Error> {
         Ok(Self::new(Layered {
+            snapshot,
             base: snapshot.open_table(RECORDS)?,
             overlay,
             batch: Overlay::default(),
@@ -174,6 +194,21 @@ impl Access for Direct<'_> {
         Ok(())
     }
 
+    fn registry(&self) -> &Registry {
+        self.registry
+    }
+
+    fn effect_bytes(&self, table: usize, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.registry.table(table)?.get_in(self.txn, key)
+    }
+
+    fn set_effect(&mut self, row: &Row) -> Result<(), Fail> {
+        let table = self.registry.table(row.table).map_err(Fail::Batch)?;
+        table
+            .write(self.txn, &[(&row.key, row.value.as_deref())])
+            .map_err(Fail::Batch)
+    }
+
     fn make_room(tables: &mut Tables<Self>, now: Timestamp) -> Result<(), Fail> {
         match tables.access.quota {
             Some(quota) => tables.make_room(quota, now),
@@ -210,8 +245,38 @@ impl Access for Layered<'_> {
         Ok(())
     }
 
+    fn registry(&self) -> &Registry {
+        self.overlay.registry()
+    }
+
+    fn effect_bytes(&self, table: usize, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let at = overlay::effect_key(table, key);
+        let known = match self.batch.effect(&at) {
+            Some(known) => Some(known.map(<[u8]>::to_vec)),
+            None => self
+                .overlay
+                .with_effect(&at, |known| known.map(<[u8]>::to_vec)),
+        };
+        match known {
+            Some(known) => Ok(known),
+            None => self.registry().table(table)?.get_at(self.snapshot, key),
+        }
+    }
+
+    fn set_effect(&mut self, row: &Row) -> Result<(), Fail> {
+        let at = overlay::effect_key(row.table, &row.key);
+        self.batch.set_effect(&at, row.value.as_deref());
+        Ok(())
+    }
+
     fn make_room(_: &mut Tables<Self>, _: Timestamp) -> Result<(), Fail> {
         Ok(())
+    }
+}
+
+impl<A: Access> ReadRows for Tables<A> {
+    fn row(&self, table: usize, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.access.effect_bytes(table, key)
     }
 }
 
@@ -260,6 +325,22 @@ impl<A: Access> Tables<A> {
         let old = self.access.set(key, None)?;
         self.usage.removed(key.len(), old);
         self.changes.push(Change::Delete { key: key.to_vec() });
+        Ok(())
+    }
+
+    /// Writes an effect's row, and logs it by its table's name (positions are the overlay's).
+    pub(crate) fn set_effect(&mut self, row: Row) -> Result<(), Fail> {
+        self.access.set_effect(&row)?;
+        let table = self
+            .access
+            .registry()
+            .table(row.table)
+            .map_err(Fail::Batch)?;
+        self.changes.push(Change::Effect {
+            table: table.name().to_owned(),
+            key: row.key,
+            value: row.value,
+        });
         Ok(())
     }
 

@@ -166,7 +166,9 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison, stat
 fn write(db: &Database, overlay: &Shared, job: Task, stats: &EngineStats) -> Result<()> {
     let started = std::time::Instant::now();
     let mut txn = db.begin_write()?;
-    overlay.with_changes(false, |records, index| overlay::write(&txn, records, index))?;
+    overlay.with_changes(false, |changes| {
+        overlay::write(&txn, changes, overlay.registry())
+    })?;
     match job {
         Task::Flush => txn
             .set_durability(redb::Durability::None)

@@ -18,6 +18,7 @@ use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
 use crate::engine::contain::{contain, contain_then};
+use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::meta::{
     Counters, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
@@ -51,6 +52,8 @@ pub(crate) struct Config {
     pub create_if_missing: bool,
     /// The log handle syncs with `sync_data` rather than `O_DSYNC` (see `wal::open_log_writer`).
     pub portable_log_sync: bool,
+    /// The caller's tables that effects write.
+    pub effects: Arc<Registry>,
 }
 
 pub(crate) struct Engine {
@@ -108,7 +111,7 @@ impl Engine {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
             crate::api::trace::recovered(entries.len());
-            wal::redo(&txn, entries)?;
+            wal::redo(&txn, entries, &config.effects)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
             Writer {
@@ -120,7 +123,7 @@ impl Engine {
         writer.log.merged();
         let high_water = writer.counters.clock;
         let db = Arc::new(db);
-        let overlay = Arc::new(Shared::default());
+        let overlay = Arc::new(Shared::new(Arc::clone(&config.effects)));
         let stats = Arc::new(EngineStats::default());
         let flusher = Flusher::start(
             Arc::clone(&db),
@@ -180,6 +183,18 @@ impl Engine {
         let mut writer = self.writer.lock();
         self.flush_overlay(&mut writer)?;
         Ok((self.db()?.begin_read()?, writer.counters))
+    }
+
+    /// A read transaction whose effect tables hold every acknowledged effect row: if the
+    /// overlay holds any, it is flushed first (a caller's reads go through redb's own API, which
+    /// cannot see the overlay). Otherwise, like `begin_read`, it never waits for writers.
+    pub(crate) fn begin_read_effects(&self) -> Result<ReadTransaction> {
+        if self.overlay.has_effects() {
+            not_in_effect()?;
+            let mut writer = self.writer.lock();
+            self.flush_overlay(&mut writer)?;
+        }
+        self.begin_read()
     }
 
     /// The key's record, expired or not.
@@ -269,7 +284,7 @@ impl Engine {
     ) -> Result<()> {
         self.flush_overlay(writer)?;
         let txn = self.db()?.begin_write()?;
-        let mut tables = Tables::direct(&txn, quota)?;
+        let mut tables = Tables::direct(&txn, &self.config.effects, quota)?;
         let counters = self.with_tables(&mut tables, writer.counters, body)?;
         let changes = std::mem::take(&mut tables.changes);
         drop(tables);
@@ -302,12 +317,7 @@ impl Engine {
         }
         self.flush_overlay(writer)?;
         let txn = db.begin_write()?;
-        let (records, index) = batch.changes();
-        overlay::write(
-            &txn,
-            &records.collect::<Vec<_>>(),
-            &index.collect::<Vec<_>>(),
-        )?;
+        overlay::write(&txn, &mut batch.changes(), &self.config.effects)?;
         self.commit_durably(txn, writer, counters)
     }
 
@@ -375,8 +385,9 @@ impl Engine {
             return Ok(());
         }
         let txn = self.db()?.begin_write()?;
-        self.overlay
-            .with_changes(true, |records, index| overlay::write(&txn, records, index))?;
+        self.overlay.with_changes(true, |changes| {
+            overlay::write(&txn, changes, &self.config.effects)
+        })?;
         self.commit_unsynced(txn, writer)?;
         self.overlay.clear(true);
         Ok(())
@@ -492,7 +503,7 @@ impl Engine {
             || {
                 self.flush_overlay(&mut writer)?;
                 let txn = self.db()?.begin_write()?;
-                Tables::direct(&txn, None)?
+                Tables::direct(&txn, &self.config.effects, None)?
                     .held(&complete.key, complete.token, self.now())
                     .map_err(fail_error)?;
                 Ok(txn)
@@ -509,7 +520,7 @@ impl Engine {
         contain_then(
             "completing with an effect",
             || {
-                let mut tables = Tables::direct(&txn, None)?;
+                let mut tables = Tables::direct(&txn, &self.config.effects, None)?;
                 let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
                     complete.apply(tables, ctx).map_err(fail_error)
                 })?;
@@ -561,36 +572,6 @@ impl Drop for Engine {
         // Best effort: `Store::close` is the way to see the error (the last merge only spares
         // the next open a replay).
         let _ = self.close();
-    }
-}
-
-thread_local! {
-    /// Whether this thread is running a `complete_with` effect, and so holds the writer.
-    static IN_EFFECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// `Err(Error::Reentrant)` on a thread running a `complete_with` effect: a call that needs the
-/// writer would wait for itself forever. Checked by every entry point that takes the writer.
-fn not_in_effect() -> Result<()> {
-    if IN_EFFECT.with(std::cell::Cell::get) {
-        return Err(Error::Reentrant);
-    }
-    Ok(())
-}
-
-/// Marks this thread as running an effect until dropped (also when the effect panics).
-struct EffectScope;
-
-impl EffectScope {
-    fn enter() -> Self {
-        IN_EFFECT.with(|inside| inside.set(true));
-        EffectScope
-    }
-}
-
-impl Drop for EffectScope {
-    fn drop(&mut self) {
-        IN_EFFECT.with(|inside| inside.set(false));
     }
 }
 

@@ -12,6 +12,7 @@ use crate::api::outcome::{Claim, ForceRelease, Lease};
 use crate::api::record::{Attempt, Record, State, Verdict, verdict};
 use crate::api::response::Response;
 use crate::engine::batch::{Access, Ctx, Fail, Tables};
+use crate::engine::effects::{EffectScope, Effects, Ran};
 use crate::error::Error;
 
 /// One write call: applied to any kind of batch, it yields its own result type.
@@ -40,6 +41,15 @@ pub(crate) struct Complete {
     pub key: Key,
     pub token: u64,
     pub response: Response,
+}
+
+/// A caller's effect: runs on the batch leader's thread, once, with the batch's tables.
+pub(crate) type Effect<T, E> = Box<dyn FnOnce(&mut Effects<'_>) -> Result<T, E> + Send>;
+
+/// `Store::complete_with_effects`: the effect's rows and the completion, in one batch.
+pub(crate) struct CompleteEffects<T, E> {
+    pub complete: Complete,
+    pub effect: Effect<T, E>,
 }
 
 /// `Store::release`.
@@ -116,6 +126,42 @@ impl Write for Complete {
         let old_expires_at = held.expires_at;
         let record = held.completed(self.response, ctx.now, ctx.retention_ms);
         tables.put(&self.key, Some(old_expires_at), &record)
+    }
+}
+
+impl<T: Send + 'static, E: Send + 'static> Write for CompleteEffects<T, E> {
+    type Output = Ran<T, E>;
+
+    fn payload(&self) -> usize {
+        self.complete.payload()
+    }
+
+    /// The effect runs only while the lease holds. Its rows are applied after the completion,
+    /// which is the step that can fail on its own: once rows are in the batch, only a failure
+    /// of the whole batch can follow, so no row commits without its response.
+    fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<Ran<T, E>, Fail> {
+        let CompleteEffects { complete, effect } = self;
+        tables.held(&complete.key, complete.token, ctx.now)?;
+        let (ran, rows) = {
+            let mut effects = Effects::new(tables.access.registry(), &*tables);
+            let ran = {
+                let _inside = EffectScope::enter();
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| effect(&mut effects)))
+            };
+            (ran, effects.finish())
+        };
+        match ran {
+            Ok(Ok(output)) => {
+                let rows = rows.map_err(Fail::Op)?;
+                complete.apply(tables, ctx)?;
+                for row in rows {
+                    tables.set_effect(row)?;
+                }
+                Ok(Ok(Ok(output)))
+            }
+            Ok(Err(err)) => Ok(Ok(Err(err))),
+            Err(panic) => Ok(Err(panic)),
+        }
     }
 }
 

@@ -26,13 +26,30 @@ use std::ops::Range;
 use parking_lot::RwLock;
 use redb::WriteTransaction;
 
+use crate::engine::effects::Registry;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A record set (`Some`) or deleted (`None`).
 pub(crate) type RecordChange<'a> = (&'a [u8], Option<&'a [u8]>);
 /// An index entry `(expires_at, key)` added (true) or removed (false).
 pub(crate) type IndexChange<'a> = (u64, &'a [u8], bool);
+/// An effect row (see [`effect_key`]) set (`Some`) or removed (`None`).
+pub(crate) type EffectChange<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// Everything a generation (or a batch) holds, as redb must receive it.
+#[derive(Debug, Default)]
+pub(crate) struct Changes<'a> {
+    pub records: Vec<RecordChange<'a>>,
+    pub index: Vec<IndexChange<'a>>,
+    pub effects: Vec<EffectChange<'a>>,
+}
+
+/// The overlay's key of an effect row: the table's position in the registry, then the key.
+pub(crate) fn effect_key(table: usize, key: &[u8]) -> Vec<u8> {
+    let table = u32::try_from(table).unwrap_or(u32::MAX);
+    [&table.to_be_bytes()[..], key].concat()
+}
 
 /// Every key and record lives in one byte buffer, with hash-chained entries pointing into it,
 /// rather than in an allocation each, and the buffer keeps its capacity: the overlay is filled
@@ -45,6 +62,8 @@ pub(crate) struct Overlay {
     /// Expiry-index key (`expires_at`, big-endian, then the stored key) → `Some` if added,
     /// `None` if removed.
     index: Map,
+    /// Effect row (`effect_key`) → value bytes (`None`: removed).
+    effects: Map,
     hasher: RandomState,
 }
 
@@ -75,13 +94,30 @@ impl Overlay {
         )
     }
 
-    /// How many records it holds.
+    /// What the overlay knows of the effect row `at` (see [`effect_key`]), as `record`.
+    pub(crate) fn effect(&self, at: &[u8]) -> Option<Option<&[u8]>> {
+        let i = self.position(&self.effects, at, self.hasher.hash_one(at))?;
+        Some(
+            self.effects.entries[i]
+                .value
+                .clone()
+                .map(|v| &self.bytes[v]),
+        )
+    }
+
+    /// How many records and effect rows it holds.
     pub(crate) fn len(&self) -> usize {
-        self.records.entries.len()
+        self.records.entries.len() + self.effects.entries.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.records.entries.is_empty() && self.index.entries.is_empty()
+        self.records.entries.is_empty()
+            && self.index.entries.is_empty()
+            && self.effects.entries.is_empty()
+    }
+
+    fn has_effects(&self) -> bool {
+        !self.effects.entries.is_empty()
     }
 
     /// The bytes of keys and records it holds.
@@ -99,18 +135,28 @@ impl Overlay {
         self.set(Which::Index, &indexed, present.then_some(0..0));
     }
 
-    /// The record changes and the index changes, in no order.
-    pub(crate) fn changes(
-        &self,
-    ) -> (
-        impl Iterator<Item = RecordChange<'_>>,
-        impl Iterator<Item = IndexChange<'_>>,
-    ) {
-        let index = self.pairs(&self.index).filter_map(|(indexed, present)| {
-            let (expires_at, key) = indexed.split_first_chunk::<8>()?;
-            Some((u64::from_be_bytes(*expires_at), key, present.is_some()))
-        });
-        (self.pairs(&self.records), index)
+    /// Sets (or with `None` removes) the effect row `at` (see [`effect_key`]).
+    pub(crate) fn set_effect(&mut self, at: &[u8], value: Option<&[u8]>) {
+        let value = value.map(|v| self.append(v));
+        self.set(Which::Effects, at, value);
+    }
+
+    /// Every change it holds, in no order.
+    pub(crate) fn changes(&self) -> Changes<'_> {
+        let mut changes = Changes::default();
+        self.add_changes(&mut changes);
+        changes
+    }
+
+    fn add_changes<'a>(&'a self, changes: &mut Changes<'a>) {
+        changes.records.extend(self.pairs(&self.records));
+        changes
+            .index
+            .extend(self.pairs(&self.index).filter_map(|(indexed, present)| {
+                let (expires_at, key) = indexed.split_first_chunk::<8>()?;
+                Some((u64::from_be_bytes(*expires_at), key, present.is_some()))
+            }));
+        changes.effects.extend(self.pairs(&self.effects));
     }
 
     /// Empties it, keeping the capacity of an ordinary generation but giving back that of a
@@ -119,7 +165,7 @@ impl Overlay {
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.bytes.shrink_to(KEEP_BYTES);
-        for map in [&mut self.records, &mut self.index] {
+        for map in [&mut self.records, &mut self.index, &mut self.effects] {
             map.heads.clear();
             map.entries.clear();
             map.heads.shrink_to(KEEP_ENTRIES);
@@ -162,6 +208,7 @@ impl Overlay {
         match which {
             Which::Records => &self.records,
             Which::Index => &self.index,
+            Which::Effects => &self.effects,
         }
     }
 
@@ -169,6 +216,7 @@ impl Overlay {
         match which {
             Which::Records => &mut self.records,
             Which::Index => &mut self.index,
+            Which::Effects => &mut self.effects,
         }
     }
 
@@ -190,6 +238,8 @@ impl Overlay {
 pub(crate) struct Shared {
     shards: Box<[Shard]>,
     hasher: RandomState,
+    /// The effect tables, whose positions the effect rows' keys start with.
+    registry: std::sync::Arc<Registry>,
 }
 
 #[derive(Debug, Default)]
@@ -208,14 +258,23 @@ const KEEP_ENTRIES: usize = 256;
 
 impl Default for Shared {
     fn default() -> Self {
-        Shared {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
-        }
+        Shared::new(std::sync::Arc::default())
     }
 }
 
 impl Shared {
+    pub(crate) fn new(registry: std::sync::Arc<Registry>) -> Self {
+        Shared {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: RandomState::new(),
+            registry,
+        }
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// `read` of what the overlay knows of `key` (the record's bytes, or `None` if it was
     /// deleted), under the shard's read locks; `None` if it knows nothing (look in redb).
     pub(crate) fn with_record<T>(
@@ -231,17 +290,41 @@ impl Shared {
         shard.frozen.read().record(key).map(read)
     }
 
+    /// `read` of what the overlay knows of the effect row `at`, as [`with_record`](Self::with_record).
+    pub(crate) fn with_effect<T>(
+        &self,
+        at: &[u8],
+        read: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Option<T> {
+        let shard = self.shard(at);
+        let active = shard.active.read();
+        if let Some(known) = active.effect(at) {
+            return Some(read(known));
+        }
+        shard.frozen.read().effect(at).map(read)
+    }
+
+    /// Whether either generation holds effect rows (which redb's tables do not have yet).
+    pub(crate) fn has_effects(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.active.read().has_effects() || s.frozen.read().has_effects())
+    }
+
     /// Takes in `batch` (a committed batch's changes), which win over the overlay's own.
     pub(crate) fn absorb(&self, batch: &Overlay) {
-        let (records, index) = batch.changes();
-        for (key, record) in records {
+        let changes = batch.changes();
+        for (key, record) in changes.records {
             self.shard(key).active.write().set_record(key, record);
         }
-        for (expires_at, key, present) in index {
+        for (expires_at, key, present) in changes.index {
             self.shard(key)
                 .active
                 .write()
                 .set_index(expires_at, key, present);
+        }
+        for (at, value) in changes.effects {
+            self.shard(at).active.write().set_effect(at, value);
         }
     }
 
@@ -284,7 +367,7 @@ impl Shared {
     pub(crate) fn with_changes<T>(
         &self,
         active: bool,
-        mut write: impl FnMut(&[RecordChange<'_>], &[IndexChange<'_>]) -> Result<T>,
+        mut write: impl FnMut(&mut Changes<'_>) -> Result<T>,
     ) -> Result<T> {
         let frozen: Vec<_> = self.shards.iter().map(|s| s.frozen.read()).collect();
         let mut written = write_sorted(&frozen, &mut write)?;
@@ -324,32 +407,33 @@ impl Shared {
 
 fn write_sorted<T, G: std::ops::Deref<Target = Overlay>>(
     shards: &[G],
-    write: &mut impl FnMut(&[RecordChange<'_>], &[IndexChange<'_>]) -> Result<T>,
+    write: &mut impl FnMut(&mut Changes<'_>) -> Result<T>,
 ) -> Result<T> {
-    let (mut records, mut index) = (Vec::new(), Vec::new());
+    let mut changes = Changes::default();
     for shard in shards {
-        let (r, i) = shard.changes();
-        records.extend(r);
-        index.extend(i);
+        shard.add_changes(&mut changes);
     }
-    records.sort_unstable_by_key(|&(key, _)| key);
-    write(&records, &index)
+    changes.records.sort_unstable_by_key(|&(key, _)| key);
+    write(&mut changes)
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Which {
     Records,
     Index,
+    Effects,
 }
 
-/// Writes `records` and `index` into redb's tables in `txn`.
+/// Writes `changes` into redb's tables in `txn`: the records in key order (so that the
+/// transaction touches each page once), and each effect table's rows in one go.
 pub(crate) fn write(
     txn: &WriteTransaction,
-    records: &[RecordChange<'_>],
-    index: &[IndexChange<'_>],
+    changes: &mut Changes<'_>,
+    registry: &Registry,
 ) -> Result<()> {
+    changes.records.sort_unstable_by_key(|&(key, _)| key);
     let mut table = txn.open_table(RECORDS)?;
-    for &(key, record) in records {
+    for &(key, record) in &changes.records {
         let key = tables::record_key(key);
         match record {
             Some(bytes) => drop(table.insert(key.as_slice(), bytes)?),
@@ -357,12 +441,38 @@ pub(crate) fn write(
         }
     }
     let mut expiry = txn.open_table(EXPIRY)?;
-    for &(expires_at, key, present) in index {
+    for &(expires_at, key, present) in &changes.index {
         if present {
             tables::index(&mut expiry, expires_at, key)?;
         } else {
             tables::unindex(&mut expiry, &table, expires_at, key)?;
         }
+    }
+    write_effects(txn, &mut changes.effects, registry)
+}
+
+/// Writes effect rows, grouped by table (a row's overlay key starts with its table's position).
+fn write_effects(
+    txn: &WriteTransaction,
+    effects: &mut [EffectChange<'_>],
+    registry: &Registry,
+) -> Result<()> {
+    effects.sort_unstable_by_key(|&(at, _)| at);
+    let mut rows = Vec::new();
+    let mut rest = &effects[..];
+    while let Some(&(first, _)) = rest.first() {
+        let (table, _) = first
+            .split_first_chunk::<4>()
+            .ok_or_else(|| Error::corrupted("an effect row of the overlay has no table"))?;
+        let run = rest
+            .iter()
+            .take_while(|(at, _)| at.starts_with(table))
+            .count();
+        rows.clear();
+        rows.extend(rest[..run].iter().map(|&(at, value)| (&at[4..], value)));
+        let at = usize::try_from(u32::from_be_bytes(*table)).unwrap_or(usize::MAX);
+        registry.table(at)?.write(txn, &rows)?;
+        rest = &rest[run..];
     }
     Ok(())
 }
@@ -392,9 +502,19 @@ mod tests {
         assert_eq!(overlay.len(), 2);
         let (mut records, mut index) = (Vec::new(), Vec::new());
         overlay
-            .with_changes(true, |r, i| {
-                records.extend(r.iter().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))));
-                index.extend(i.iter().map(|(at, k, present)| (*at, k.to_vec(), *present)));
+            .with_changes(true, |changes| {
+                records.extend(
+                    changes
+                        .records
+                        .iter()
+                        .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))),
+                );
+                index.extend(
+                    changes
+                        .index
+                        .iter()
+                        .map(|(at, k, present)| (*at, k.to_vec(), *present)),
+                );
                 Ok(())
             })
             .expect("changes");
@@ -429,9 +549,10 @@ mod tests {
         assert_eq!(read(b"b"), Some(None), "the active deletion wins");
         let mut written = Vec::new();
         overlay
-            .with_changes(false, |records, _| {
+            .with_changes(false, |changes| {
                 written.extend(
-                    records
+                    changes
+                        .records
                         .iter()
                         .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))),
                 );

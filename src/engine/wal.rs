@@ -21,6 +21,7 @@
 use redb::WriteTransaction;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::effects::Registry;
 use crate::engine::layout::{Region, Storage};
 use crate::engine::meta::{Counter, META};
 use crate::engine::poison::{Io, Poison};
@@ -68,6 +69,13 @@ pub(crate) enum Change {
     DropEntry {
         expires_at: u64,
         hash: u64,
+    },
+    /// A row of a caller's effect table (see `effects`), named by the table's name: the
+    /// order in which tables are registered may differ at the next open.
+    Effect {
+        table: String,
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
     },
 }
 
@@ -498,7 +506,11 @@ impl Log {
 }
 
 /// Applies logged changes in `txn`, in order.
-pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<()> {
+pub(crate) fn redo(
+    txn: &WriteTransaction,
+    entries: Vec<Vec<Change>>,
+    registry: &Registry,
+) -> Result<()> {
     let mut records = txn.open_table(RECORDS)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut meta = txn.open_table(META)?;
@@ -515,6 +527,9 @@ pub(crate) fn redo(txn: &WriteTransaction, entries: Vec<Vec<Change>>) -> Result<
             }
             Change::DropEntry { expires_at, hash } => drop(expiry.remove((expires_at, hash))?),
             Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
+            Change::Effect { table, key, value } => registry
+                .table(registry.position(&table)?)?
+                .write(txn, &[(&key, value.as_deref())])?,
         }
     }
     Ok(())

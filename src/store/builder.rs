@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::api::clock::{Clock, SystemClock, millis};
 use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::engine::batch::Quota;
+use crate::engine::effects::Registry;
 use crate::engine::handle::Config;
 use crate::engine::{layout, open};
 #[cfg(doc)]
@@ -62,6 +63,7 @@ pub struct StoreBuilder {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) create_if_missing: bool,
     pub(crate) portable_log_sync: bool,
+    pub(crate) effects: Registry,
 }
 
 /// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.
@@ -82,6 +84,7 @@ impl Default for StoreBuilder {
             clock: Arc::new(SystemClock),
             create_if_missing: true,
             portable_log_sync: false,
+            effects: Registry::default(),
         }
     }
 }
@@ -99,6 +102,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("when_full", &self.when_full)
             .field("create_if_missing", &self.create_if_missing)
             .field("portable_log_sync", &self.portable_log_sync)
+            .field("effect_tables", &self.effects)
             .finish_non_exhaustive()
     }
 }
@@ -240,6 +244,28 @@ impl StoreBuilder {
         self
     }
 
+    /// Registers `table`, one of the caller's own redb tables, for the effects of
+    /// [`Store::complete_with_effects`]: they may write it, and an open replays its rows from
+    /// the log after a crash, which needs its key and value types. Register every table the
+    /// effects write, at every open (the same definition each time); a file whose log holds
+    /// rows of a table not registered is refused with [`Error::EffectTable`]. No tables by
+    /// default. Registering a name twice keeps the last.
+    ///
+    /// ```
+    /// use idempotency_store::{Store, redb::TableDefinition};
+    ///
+    /// const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
+    /// let store = Store::builder().effect_table(LEDGER).open_in_memory()?;
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    pub fn effect_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        table: redb::TableDefinition<'_, K, V>,
+    ) -> &mut Self {
+        self.effects.register(table);
+        self
+    }
+
     /// Opens the store file at `path`, creating it if it does not exist (unless
     /// [`create_if_missing`](StoreBuilder::create_if_missing) is off).
     ///
@@ -297,11 +323,21 @@ impl StoreBuilder {
             clock: Arc::clone(&self.clock),
             create_if_missing: self.create_if_missing,
             portable_log_sync: self.portable_log_sync,
+            effects: Arc::new(self.effects.clone()),
         }
     }
 
     fn validate(&self) -> Result<()> {
         self.settings.validate()?;
+        if let Some(name) = self
+            .effects
+            .names()
+            .find(|name| name.starts_with("idempotency_"))
+        {
+            return invalid_config(&format!(
+                "effect table `{name}`: names starting with `idempotency_` are the store's own"
+            ));
+        }
         if self.max_batch == 0 {
             return invalid_config("max_batch must be at least 1");
         }

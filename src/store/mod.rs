@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 mod backend;
 pub(crate) mod builder;
+mod effects;
 #[cfg(feature = "__test-hooks")]
 pub(crate) mod hooks;
 #[cfg(test)]
@@ -14,8 +15,6 @@ pub(crate) mod wait;
 
 use std::path::PathBuf;
 
-use redb::WriteTransaction;
-
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -24,7 +23,6 @@ use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
-use crate::engine::contain::contain;
 use crate::engine::handle::Engine;
 use crate::engine::ops::{Checkpoint, ClaimKey, Complete, Heartbeat, Release};
 #[cfg(doc)]
@@ -359,117 +357,5 @@ impl Store {
     /// The key's record, expired or not.
     fn read(&self, key: &Key) -> Result<Option<Record>> {
         self.engine.read(key)
-    }
-
-    /// Runs `read` in a read transaction of the store's file, for the caller's own tables
-    /// (written with [`complete_with`](Store::complete_with)). Like every read here, it sees the
-    /// last durable commit and never waits for writers.
-    ///
-    /// ```
-    /// use idempotency_store::{Store, redb};
-    ///
-    /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
-    /// let store = Store::builder().open_in_memory()?;
-    /// let rows = store.read_with(|txn| -> Result<u64, redb::Error> {
-    ///     match txn.open_table(LEDGER) {
-    ///         Ok(table) => Ok(redb::ReadableTableMetadata::len(&table)?),
-    ///         Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-    ///         Err(other) => Err(other.into()),
-    ///     }
-    /// })??;
-    /// assert_eq!(rows, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// The outer result: [`Error::Storage`] if the read transaction cannot start. The inner
-    /// result: `read`'s own.
-    pub fn read_with<T, E>(
-        &self,
-        read: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, E>,
-    ) -> Result<std::result::Result<T, E>> {
-        let txn = contain("starting a read", || self.engine.begin_read())?;
-        Ok(read(&txn))
-    }
-
-    /// Like [`complete`](Store::complete), but first runs `effect` in the same redb write
-    /// transaction, so the caller's own tables (a ledger, an outbox) and the stored response
-    /// commit together or not at all: a crash can never leave a charge without its
-    /// idempotency record, or the reverse.
-    ///
-    /// `effect` receives the write transaction; open your own tables in it (the
-    /// [`redb`] crate is re-exported so the versions match). It runs only if the lease still
-    /// holds the key. If it returns `Err`, nothing of it and no response is written, the lease
-    /// still holds, and the error comes back as `Ok(Err(e))`.
-    ///
-    /// `effect` runs while this thread holds the store's writer: a store call from inside it
-    /// that writes or needs the writer (an acquiring `claim`, `complete`, `release`,
-    /// `complete_with`, `sweep`, `stats`, `verify`, `records`, …) returns
-    /// [`Error::Reentrant`] instead of deadlocking. Reads (`lookup`, `read_with`, a claim
-    /// answered without a write) work, and see the state before this call.
-    ///
-    /// Cost: this call cannot share a group-commit batch (redb cannot roll back one
-    /// operation inside a shared transaction), so it pays a commit of its own, and other
-    /// writers wait while `effect` runs: keep it short.
-    ///
-    /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
-    ///
-    /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
-    /// let store = Store::builder().open_in_memory()?;
-    /// let key = Key::new("charge-1")?;
-    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["4999"]))? else { panic!() };
-    /// store.complete_with(&lease, Response::new(201, "charged"), |txn| {
-    ///     txn.open_table(LEDGER)?.insert("charge-1", 4999)?;
-    ///     Ok::<_, redb::Error>(())
-    /// })??;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// The outer result: [`Error::ResponseTooLarge`] or [`Error::LeaseLost`] (nothing ran),
-    /// [`Error::Storage`] (the commit failed; outcome unknown). The inner result: `effect`'s
-    /// error.
-    pub fn complete_with<E, F>(
-        &self,
-        lease: &Lease,
-        response: Response,
-        effect: F,
-    ) -> Result<std::result::Result<(), E>>
-    where
-        F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
-    {
-        let started = std::time::Instant::now();
-        let result = self.complete_with_unmetered(lease, response, effect);
-        let settled = result
-            .as_ref()
-            .map(|inner| inner.is_ok())
-            .map_err(crate::error::Error::clone);
-        if !matches!(settled, Ok(false)) {
-            self.metrics.settled(Call::Complete, &settled, started);
-        }
-        result
-    }
-
-    fn complete_with_unmetered<E, F>(
-        &self,
-        lease: &Lease,
-        response: Response,
-        effect: F,
-    ) -> Result<std::result::Result<(), E>>
-    where
-        F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
-    {
-        self.check_size(response.size())?;
-        let complete = Complete {
-            key: lease.key.clone(),
-            token: lease.token,
-            response,
-        };
-        if let Err(err) = self.engine.complete_with(complete, effect)? {
-            return Ok(Err(err));
-        }
-        self.waiters.wake(&lease.key);
-        Ok(Ok(()))
     }
 }
