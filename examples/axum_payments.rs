@@ -66,7 +66,7 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), BoxError> {
             other => return Err(format!("unknown option {other} (see the source's docs)").into()),
         }
     }
-    let mut builder = Store::builder();
+    let mut builder = server::store_builder();
     if let Some(lease) = lease {
         builder.lease(lease);
     }

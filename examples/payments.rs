@@ -6,8 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency_store::Store;
-
 #[allow(dead_code)] // shared with payments_server and the e2e test; this story uses a part
 #[path = "payments_service/server.rs"]
 mod server;
@@ -33,7 +31,7 @@ fn main() -> Result<(), BoxError> {
         threads: 8,
     };
     let running = server::start(
-        Payments::open(Store::open(&path)?, options.clone())?,
+        Payments::open(server::store_builder().open(&path)?, options.clone())?,
         "127.0.0.1:0",
     )?;
     let http = Client::new(running.addr());
@@ -106,7 +104,10 @@ fn main() -> Result<(), BoxError> {
 
     println!("\n4. The server restarts: workers stopped, store closed, the file reopened");
     drop(running);
-    let running = server::start(Payments::open(Store::open(&path)?, options)?, "127.0.0.1:0")?;
+    let running = server::start(
+        Payments::open(server::store_builder().open(&path)?, options)?,
+        "127.0.0.1:0",
+    )?;
     let http = Client::new(running.addr());
     println!("   payments server on http://{}", running.addr());
     println!("   > the first request once more");

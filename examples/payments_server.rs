@@ -22,8 +22,6 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idempotency_store::Store;
-
 // Public so that tests/payments_e2e.rs, which runs this file as its child server, reaches it.
 #[path = "payments_service/server.rs"]
 pub mod server;
@@ -62,7 +60,7 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), BoxError> {
             other => return Err(format!("unknown option {other} (see the source's docs)").into()),
         }
     }
-    let mut builder = Store::builder();
+    let mut builder = server::store_builder();
     if let Some(lease) = lease {
         builder.lease(lease);
     }

@@ -17,7 +17,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idempotency_store::Store;
 use idempotency_store::http::problem_type;
 use idempotency_store::redb::{self, ReadableTable};
 
@@ -295,7 +294,9 @@ fn every_key_charges_once_across_sigkills_and_restarts() {
     drop(server);
 
     // The ledger, read from the file after the last SIGKILL (the store replays its log first).
-    let store = Store::open(&db).expect("reopen");
+    let store = payments_server::server::store_builder()
+        .open(&db)
+        .expect("reopen");
     let report = store.verify().expect("verify");
     assert!(report.is_clean(), "{report:?}");
     let file_keys = store

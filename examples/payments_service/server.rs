@@ -4,9 +4,10 @@
 //!
 //! The idempotency flow is `idempotency_store::http::handle`: this file only validates and
 //! charges. A charge is a row in a ledger table in the store's own redb file, written by
-//! `Store::complete_with` (the options' completion hook) in the same transaction as the stored
-//! answer: after a crash there is never a charge without its answer, or an answer without its
-//! charge.
+//! `Store::complete_with_effects` (the options' completion hook) in the same group-commit batch
+//! and log write as the stored answer: after a crash there is never a charge without its
+//! answer, or an answer without its charge. The store must be opened with
+//! `StoreBuilder::effect_table(LEDGER)`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -119,6 +120,14 @@ impl NewPayment {
         }
         Ok(payment)
     }
+}
+
+/// A store builder for this service: the ledger is registered for effects, as every open of
+/// its file must do (an open redoes logged ledger rows, which needs the table's types).
+pub fn store_builder() -> idempotency_store::StoreBuilder {
+    let mut builder = Store::builder();
+    builder.effect_table(LEDGER);
+    builder
 }
 
 /// The charges mirrored in memory for the `GET` routes.
@@ -259,8 +268,8 @@ impl Payments {
     }
 }
 
-/// The completion hook: the ledger row and the answer commit together, then the charge is
-/// mirrored in memory.
+/// The completion hook: the ledger row and the answer commit together, in the batch of every
+/// other call, then the charge is mirrored in memory.
 fn record_charge(
     store: Arc<Store>,
     charges: Charges,
@@ -272,15 +281,23 @@ fn record_charge(
         let Some(charge) = extensions.get::<Charge>() else {
             return Ok(Err("the answer carries no charge".into()));
         };
-        let row = (
-            charge.key.as_str(),
-            charge.amount,
-            charge.currency.as_str(),
-            charge.customer_id.as_str(),
+        let (number, row) = (
+            charge.number,
+            (
+                charge.key.clone(),
+                charge.amount,
+                charge.currency.clone(),
+                charge.customer_id.clone(),
+            ),
         );
-        let written = store.complete_with(lease, response, |txn| {
-            txn.open_table(LEDGER)?.insert(charge.number, row)?;
-            Ok::<_, redb::Error>(())
+        // The fast path: the row rides in the same group-commit batch as the answer.
+        let written = store.complete_with_effects(lease, response, move |fx| {
+            let (key, amount, currency, customer) = &row;
+            fx.insert(
+                LEDGER,
+                number,
+                (key.as_str(), *amount, currency.as_str(), customer.as_str()),
+            )
         })?;
         if written.is_ok() {
             let mut charges = charges.lock().unwrap_or_else(PoisonError::into_inner);
