@@ -19,9 +19,16 @@
 //! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
 //! first open after that crash, for each `Durability`.
 //!
-//! `--only` filters by system (`store`, `store-nogc`, `sqlite-full`, `postgres`, `postgres-tls`,
-//! `pg-probe`, `store-quickrepair`, `fdatasync`) and by workload (`pairs`, `replay`, `mixed`); a cell runs if its system is named
-//! (or no system is) and its workload is named (or no workload is).
+//! `--only` filters by system (`store`, `store-nogc`, `store-txn`, `sqlite-full`, `postgres`,
+//! `postgres-tls`, `pg-probe`, `store-quickrepair`, `fdatasync`) and by workload (`pairs`,
+//! `replay`, `mixed`, `payments`); a cell runs if its system is named (or no system is) and its
+//! workload is named (or no workload is).
+//!
+//! `payments` is the exactly-once path: a fresh claim, then one ledger row written with the
+//! stored response. `store` writes the row with `Store::complete_with_effects` (it shares the
+//! group-commit batch), `store-txn` with `Store::complete_with` (a redb commit of its own, the
+//! slow path), `sqlite-full` in its natural form: the claim in one commit, then the ledger
+//! insert and the response update in one transaction.
 //! Every run prints a table, then one line starting `JSON: ` with every figure.
 //!
 //! Each cell gets a fresh database in a fresh temporary directory under `--dir`, runs a short
@@ -39,16 +46,21 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idempotency_store::redb::{self, TableDefinition};
 use idempotency_store::{
     Claim, Durability, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
 };
-use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 type Res<T> = Result<T, String>;
 
 const BODY_LEN: usize = 200;
 const MIXED_HALF: usize = 16;
 const SQLITE_DB: &str = "sqlite-full.db";
+/// The payments workload's ledger: idempotency key → (amount, customer).
+const LEDGER: TableDefinition<&str, (u64, &str)> = TableDefinition::new("ledger");
+const AMOUNT: u64 = 4999;
+const CUSTOMER: &str = "cus_123";
 
 // ---------------------------------------------------------------------------------------------
 // Arguments
@@ -447,6 +459,11 @@ trait Client {
     fn pair(&mut self) -> Res<()>;
     /// Claims an existing completed key with its fingerprint (it must replay).
     fn replay(&mut self) -> Res<()>;
+    /// Claims a fresh key and completes it with one ledger row written atomically with the
+    /// response.
+    fn payment(&mut self) -> Res<()> {
+        Err("this system does not run the payments workload".into())
+    }
 }
 
 /// A system shared by all threads of a cell.
@@ -501,7 +518,11 @@ fn fresh_for(thread: usize, cell: u64) -> Fresh {
 // --- this store
 
 struct StoreSys {
-    store: Box<dyn IdempotencyStore>,
+    store: Arc<dyn IdempotencyStore>,
+    /// The same store as a redb `Store`, for payments (`None` on PostgreSQL).
+    redb: Option<Arc<Store>>,
+    /// Payments through `complete_with` (a commit of its own) instead of the batch's effects.
+    slow_effects: bool,
     set: Arc<ReplaySet>,
     cell: u64,
     body: Vec<u8>,
@@ -546,11 +567,43 @@ impl Client for StoreClient<'_> {
             Err(e) => Err(err("replay claim", e)),
         }
     }
+
+    fn payment(&mut self) -> Res<()> {
+        let store = self
+            .sys
+            .redb
+            .as_ref()
+            .ok_or("payments run on the redb store only")?;
+        let name = self.fresh.next();
+        let key = Key::new(&name).map_err(|e| err("key", e))?;
+        let lease = match store.claim(&key, fingerprint_of(&name)) {
+            Ok(Claim::Acquired(lease)) => lease,
+            Ok(other) => return Err(format!("fresh key {name} not acquired: {other:?}")),
+            Err(e) => return Err(err("claim", e)),
+        };
+        let response = Response::new(201, self.sys.body.clone());
+        if self.sys.slow_effects {
+            let written = store.complete_with(&lease, response, |txn| {
+                txn.open_table(LEDGER)?
+                    .insert(name.as_str(), (AMOUNT, CUSTOMER))?;
+                Ok::<_, redb::Error>(())
+            });
+            return written
+                .map_err(|e| err("complete_with", e))?
+                .map_err(|e| err("ledger row", e));
+        }
+        store
+            .complete_with_effects(&lease, response, move |fx| {
+                fx.insert(LEDGER, name.as_str(), (AMOUNT, CUSTOMER))
+            })
+            .map_err(|e| err("complete_with_effects", e))?
+            .map_err(|e| err("ledger row", e))
+    }
 }
 
 fn open_store(dir: &Path, nogc: bool, durability: Durability) -> Res<Store> {
     let mut builder = Store::builder();
-    builder.durability(durability);
+    builder.durability(durability).effect_table(LEDGER);
     if nogc {
         builder.max_batch(1);
     }
@@ -644,7 +697,12 @@ const SQL_SCHEMA: &str = "
         response_body BLOB,
         created_at INTEGER NOT NULL,
         expires_at INTEGER NOT NULL);
-    CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys(expires_at);";
+    CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys(expires_at);
+    CREATE TABLE IF NOT EXISTS ledger(
+        key TEXT PRIMARY KEY,
+        amount INTEGER NOT NULL,
+        customer TEXT NOT NULL);";
+const SQL_LEDGER: &str = "INSERT INTO ledger (key, amount, customer) VALUES (?1, ?2, ?3)";
 const SQL_CLAIM: &str = "INSERT INTO idempotency_keys
     (key, fingerprint, status, token, lease_until, created_at, expires_at)
     VALUES (?1, ?2, 'in_progress', ?3, ?4, ?5, ?6)";
@@ -753,8 +811,9 @@ impl SqliteClient<'_> {
     }
 }
 
-impl Client for SqliteClient<'_> {
-    fn pair(&mut self) -> Res<()> {
+impl SqliteClient<'_> {
+    /// Claims a fresh key in a commit of its own; returns its name and token.
+    fn claim_fresh(&mut self) -> Res<(String, i64)> {
         let name = self.fresh.next();
         let fp = fingerprint_of(&name);
         self.tokens += 1;
@@ -775,37 +834,60 @@ impl Client for SqliteClient<'_> {
             ])
         };
         match inserted {
-            Ok(1) => {}
-            Ok(n) => return Err(format!("claim inserted {n} rows")),
+            Ok(1) => Ok((name, token)),
+            Ok(n) => Err(format!("claim inserted {n} rows")),
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == ErrorCode::ConstraintViolation =>
             {
                 // Taken: classify the stored row (never expected for a fresh key).
                 let row = self.get(&name)?;
-                return Err(format!(
+                Err(format!(
                     "fresh key {name} already taken (status {:?})",
                     row.map(|r| r.status)
-                ));
+                ))
             }
-            Err(e) => return Err(err("claim insert", e)),
+            Err(e) => Err(err("claim insert", e)),
         }
-        let now = now_ms();
-        let mut complete = self
+    }
+}
+
+/// Stores the response of `name`'s claim `token` in `conn` (autocommit or a transaction).
+fn sqlite_complete(conn: &Connection, name: &str, token: i64, body: &[u8]) -> Res<()> {
+    let mut complete = conn
+        .prepare_cached(SQL_COMPLETE)
+        .map_err(|e| err("prepare", e))?;
+    match complete.execute(params![
+        name,
+        token,
+        200,
+        &b""[..],
+        body,
+        now_ms() + RETENTION_MS
+    ]) {
+        Ok(1) => Ok(()),
+        Ok(n) => Err(format!("complete updated {n} rows (lease lost)")),
+        Err(e) => Err(err("complete update", e)),
+    }
+}
+
+impl Client for SqliteClient<'_> {
+    fn pair(&mut self) -> Res<()> {
+        let (name, token) = self.claim_fresh()?;
+        sqlite_complete(&self.conn, &name, token, &self.sys.body)
+    }
+
+    /// The claim's commit, then the ledger row and the response in one transaction.
+    fn payment(&mut self) -> Res<()> {
+        let (name, token) = self.claim_fresh()?;
+        let tx = self
             .conn
-            .prepare_cached(SQL_COMPLETE)
-            .map_err(|e| err("prepare", e))?;
-        match complete.execute(params![
-            name,
-            token,
-            200,
-            &b""[..],
-            &self.sys.body,
-            now + RETENTION_MS
-        ]) {
-            Ok(1) => Ok(()),
-            Ok(n) => Err(format!("complete updated {n} rows (lease lost)")),
-            Err(e) => Err(err("complete update", e)),
-        }
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| err("sqlite begin", e))?;
+        tx.prepare_cached(SQL_LEDGER)
+            .and_then(|mut insert| insert.execute(params![name, AMOUNT as i64, CUSTOMER]))
+            .map_err(|e| err("ledger insert", e))?;
+        sqlite_complete(&tx, &name, token, &self.sys.body)?;
+        tx.commit().map_err(|e| err("sqlite commit", e))
     }
 
     fn replay(&mut self) -> Res<()> {
@@ -969,6 +1051,7 @@ impl Client for LogBoundClient<'_> {
 enum Work {
     Pairs,
     Replay,
+    Payments,
 }
 
 /// What one kind of worker did inside the window.
@@ -1021,6 +1104,7 @@ fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResu
                             let result = match work {
                                 Work::Pairs => client.pair(),
                                 Work::Replay => client.replay(),
+                                Work::Payments => client.payment(),
                             };
                             if let Err(e) = result {
                                 abort.store(true, Ordering::Relaxed);
@@ -1029,7 +1113,7 @@ fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResu
                             let t1 = Instant::now();
                             if t1 >= start && t1 <= end {
                                 tally.ops += 1;
-                                if work == Work::Pairs {
+                                if work != Work::Replay {
                                     tally.latencies_ns.push((t1 - t0).as_nanos() as u64);
                                 }
                             }
@@ -1057,8 +1141,9 @@ fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResu
     let mut replay: Option<Tally> = None;
     for r in results {
         let (work, tally) = r?;
+        // A cell runs one kind of write, so payments take the pairs' slot.
         let slot = match work {
-            Work::Pairs => &mut pairs,
+            Work::Pairs | Work::Payments => &mut pairs,
             Work::Replay => &mut replay,
         };
         let acc = slot.get_or_insert_with(Tally::default);
@@ -1285,7 +1370,11 @@ struct Runner<'a> {
     pairs: Vec<(String, usize, f64, Option<Lat>)>,
     replay: Vec<(String, usize, f64)>,
     mixed: Vec<(String, f64, f64, Option<Lat>)>,
+    payments: Vec<(String, usize, f64, Option<Lat>)>,
 }
+
+/// The systems that run the payments workload.
+const PAYMENT_SYSTEMS: [&str; 3] = ["store", "store-txn", "sqlite-full"];
 
 impl Runner<'_> {
     /// Whether `--only` keeps the cell: names of systems and of workloads are filters of their
@@ -1308,7 +1397,9 @@ impl Runner<'_> {
             "pg-probe" => f(&PgProbe::create(cell)?),
             "postgres" | "postgres-tls" => {
                 let sys = StoreSys {
-                    store: open_pg(cell, system == "postgres-tls")?,
+                    store: Arc::from(open_pg(cell, system == "postgres-tls")?),
+                    redb: None,
+                    slow_effects: false,
                     set: Arc::clone(&self.set),
                     cell,
                     body: body(),
@@ -1354,8 +1445,11 @@ impl Runner<'_> {
                     )?;
                     drop(store);
                 }
+                let store = Arc::new(open_store(dir.path(), nogc, durability)?);
                 let sys = StoreSys {
-                    store: Box::new(open_store(dir.path(), nogc, durability)?),
+                    store: Arc::clone(&store) as Arc<dyn IdempotencyStore>,
+                    redb: Some(store),
+                    slow_effects: system == "store-txn",
                     set: Arc::clone(&self.set),
                     cell,
                     body: body(),
@@ -1379,6 +1473,19 @@ impl Runner<'_> {
                 })?;
                 if let Some((rate, lat)) = r.pairs {
                     self.pairs.push((system.to_owned(), t, rate, lat));
+                }
+            }
+            for system in PAYMENT_SYSTEMS {
+                if !self.wants(system, "payments") {
+                    continue;
+                }
+                self.out
+                    .note(format!("payments {system:<10} {t:>3} threads"));
+                let r = self.with_system(system, false, |sys| {
+                    run_cell(sys, &[(Work::Payments, t)], secs)
+                })?;
+                if let Some((rate, lat)) = r.pairs {
+                    self.payments.push((system.to_owned(), t, rate, lat));
                 }
             }
             if t == 1 && self.wants("store-quickrepair", "pairs") {
@@ -1443,6 +1550,13 @@ impl Runner<'_> {
             .map(|p| p.2)
     }
 
+    fn payments_at(&self, system: &str, t: usize) -> Option<f64> {
+        self.payments
+            .iter()
+            .find(|(s, n, _, _)| s == system && *n == t)
+            .map(|p| p.2)
+    }
+
     fn replay_at(&self, system: &str, t: usize) -> Option<f64> {
         self.replay
             .iter()
@@ -1451,10 +1565,15 @@ impl Runner<'_> {
     }
 }
 
-const WORKLOADS: [&str; 3] = ["pairs", "replay", "mixed"];
+const WORKLOADS: [&str; 4] = ["pairs", "replay", "mixed", "payments"];
 
 fn wanted(only: &[String], system: &str, workload: &str) -> bool {
     if matches!(system, "log-bound" | "pg-probe") && workload != "pairs" {
+        return false;
+    }
+    // store-txn runs payments only, and payments run on PAYMENT_SYSTEMS only.
+    let payments = workload == "payments";
+    if (system == "store-txn" && !payments) || (payments && !PAYMENT_SYSTEMS.contains(&system)) {
         return false;
     }
     let (workloads, systems): (Vec<&String>, Vec<&String>) =
@@ -1527,6 +1646,7 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
             || systems().contains(&o.as_str())
             || *o == "postgres"
             || *o == "store-quickrepair"
+            || *o == "store-txn"
             || *o == "fdatasync")
     }) {
         return Err(format!("--only {bad:?}: not a system or workload name"));
@@ -1559,6 +1679,7 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         pairs: Vec::new(),
         replay: Vec::new(),
         mixed: Vec::new(),
+        payments: Vec::new(),
     };
     let started = Instant::now();
     runner.run()?;
@@ -1673,6 +1794,24 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         }
     }
 
+    if !runner.payments.is_empty() {
+        out.line("");
+        out.line(
+            "payments/s (fresh key: claim, then one ledger row + the response, atomically; each durable)",
+        );
+        out.line(header("system", 11));
+        for system in PAYMENT_SYSTEMS {
+            if !runner.payments.iter().any(|p| p.0 == system) {
+                continue;
+            }
+            let mut row = format!("{system:<20}");
+            for &t in threads {
+                let _ = write!(row, "{:>11}", fmt_rate(runner.payments_at(system, t)));
+            }
+            out.line(row);
+        }
+    }
+
     // ---- targets
     let max_t = threads.iter().copied().max().unwrap_or(1);
     let store_mixed = runner.mixed.iter().find(|m| m.0 == "store").map(|m| m.1);
@@ -1715,6 +1854,30 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
             name: "mixed_replay_over_replay_only_16t",
             value: ratio(store_mixed, runner.replay_at("store", MIXED_HALF)),
             min: 0.8,
+        },
+        Target {
+            name: "payments_64t_store_over_store_pairs",
+            value: ratio(
+                runner.payments_at("store", 64),
+                runner.pairs_at("store", 64),
+            ),
+            min: 0.7,
+        },
+        Target {
+            name: "payments_64t_store_over_sqlite",
+            value: ratio(
+                runner.payments_at("store", 64),
+                runner.payments_at("sqlite-full", 64),
+            ),
+            min: 4.0,
+        },
+        Target {
+            name: "payments_1t_store_over_sqlite",
+            value: ratio(
+                runner.payments_at("store", 1),
+                runner.payments_at("sqlite-full", 1),
+            ),
+            min: 1.0,
         },
     ];
     out.line("");
@@ -1776,6 +1939,14 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
             "pairs_1t_sqlite_over_fdatasync_half",
             ratio(runner.pairs_at("sqlite-full", 1), fsync.map(|f| f / 2.0)),
         ),
+        // What sharing the batch buys over a commit of its own per payment.
+        (
+            "payments_64t_store_over_store_txn",
+            ratio(
+                runner.payments_at("store", 64),
+                runner.payments_at("store-txn", 64),
+            ),
+        ),
     ];
     for (name, v) in &extra {
         out.line(format!(
@@ -1820,6 +1991,12 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         cell.set("per_s", J::Num(*rate))
             .set("latency", lat_json(*lat));
         j.child("pairs").child(system).set(t.to_string(), cell);
+    }
+    for (system, t, rate, lat) in &runner.payments {
+        let mut cell = J::obj();
+        cell.set("per_s", J::Num(*rate))
+            .set("latency", lat_json(*lat));
+        j.child("payments").child(system).set(t.to_string(), cell);
     }
     for (system, t, rate) in &runner.replay {
         j.child("replay")
