@@ -11,12 +11,15 @@ use std::thread;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, SamplingMode, criterion_group, criterion_main};
-use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Response, Store, Timestamp};
+use idempotency_store::redb::{self, ReadableTableMetadata, TableDefinition};
+use idempotency_store::{Claim, Fingerprint, Key, Lease, ManualClock, Response, Store, Timestamp};
 
 const BODY: [u8; 200] = [b'x'; 200];
 const REPLAY_KEYS: u64 = 1_000;
 const SWEEP_RECORDS: u64 = 100_000;
 const RETENTION: Duration = Duration::from_secs(3600);
+/// The effects benchmarks' ledger: key → amount.
+const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
 const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
 fn name(prefix: &str, i: u64) -> String {
@@ -148,5 +151,88 @@ fn sweep(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, single_ops, sweep);
+fn acquire(store: &Store, name: &str) -> Lease {
+    let key = Key::new(name).expect("valid key");
+    match store.claim(&key, fingerprint(name)).expect("claim") {
+        Claim::Acquired(lease) => lease,
+        other => panic!("fresh key {name} not acquired: {other:?}"),
+    }
+}
+
+/// A payment on the fast path: claim, then a ledger row and the response in one batch.
+fn pay_with_effect(store: &Store, name: String) {
+    let lease = acquire(store, &name);
+    store
+        .complete_with_effects(&lease, Response::new(201, BODY.to_vec()), move |fx| {
+            fx.insert(LEDGER, name.as_str(), 4999)
+        })
+        .expect("complete_with_effects")
+        .expect("ledger row");
+}
+
+fn ledger_rows(store: &Store) -> u64 {
+    store
+        .read_with(|txn| -> Result<u64, redb::Error> {
+            match txn.open_table(LEDGER) {
+                Ok(table) => Ok(table.len()?),
+                Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+                Err(other) => Err(other.into()),
+            }
+        })
+        .expect("read_with")
+        .expect("ledger length")
+}
+
+/// One thread's cost of an exactly-once payment on each path, and of `read_with` with and
+/// without effect rows waiting in the overlay (it flushes them first; see `Store::read_with`).
+fn effects(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::builder()
+        .effect_table(LEDGER)
+        .open(dir.path().join("bench.redb"))
+        .expect("open");
+    let mut group = c.benchmark_group("effects");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let mut fresh = 0u64;
+    group.bench_function("payment_complete_with_effects_durable", |b| {
+        b.iter(|| {
+            fresh += 1;
+            pay_with_effect(&store, name("fx", fresh));
+        });
+    });
+    group.bench_function("payment_complete_with_durable", |b| {
+        b.iter(|| {
+            fresh += 1;
+            let name = name("txn", fresh);
+            let lease = acquire(&store, &name);
+            store
+                .complete_with(&lease, Response::new(201, BODY.to_vec()), |txn| {
+                    txn.open_table(LEDGER)?.insert(name.as_str(), 4999)?;
+                    Ok::<_, redb::Error>(())
+                })
+                .expect("complete_with")
+                .expect("ledger row");
+        });
+    });
+    ledger_rows(&store);
+    group.bench_function("read_with_nothing_pending", |b| {
+        b.iter(|| black_box(ledger_rows(&store)));
+    });
+    group.bench_function("read_with_one_effect_row_pending", |b| {
+        b.iter_batched(
+            || {
+                fresh += 1;
+                pay_with_effect(&store, name("pending", fresh));
+            },
+            |()| black_box(ledger_rows(&store)),
+            BatchSize::PerIteration,
+        );
+    });
+    group.finish();
+}
+
+criterion_group!(benches, single_ops, sweep, effects);
 criterion_main!(benches);
