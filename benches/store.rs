@@ -231,6 +231,21 @@ fn effects(c: &mut Criterion) {
             BatchSize::PerIteration,
         );
     });
+    group.bench_function("effect_row_one_effect_row_pending", |b| {
+        b.iter_batched(
+            || {
+                fresh += 1;
+                let name = name("row", fresh);
+                pay_with_effect(&store, name.clone());
+                name
+            },
+            |name| {
+                let row = store.effect_row(LEDGER, name.as_str()).expect("effect_row");
+                black_box(row.map(|r| r.value()).expect("the row"))
+            },
+            BatchSize::PerIteration,
+        );
+    });
     group.finish();
 }
 

@@ -424,3 +424,35 @@ fn a_crash_image_with_logged_rows_needs_their_table() -> Result<()> {
     assert_eq!(replayed(&store, "pay-1")?.as_deref(), Some(&b"charged"[..]));
     Ok(())
 }
+
+/// `effect_row` reads through the overlay: a row waiting in memory is seen without a flush,
+/// a removal hides it, and an unregistered table is refused.
+#[test]
+fn effect_row_reads_acknowledged_rows_through_the_overlay() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    {
+        let store = builder().open(&path)?;
+        assert!(store.effect_row(LEDGER, "a")?.is_none());
+        for (name, amount) in [("a", 1), ("b", 2)] {
+            let lease = acquire(&store, name)?;
+            store.complete_with_effects(&lease, Response::new(201, "ok"), move |fx| {
+                fx.insert(LEDGER, name, amount)
+            })??;
+        }
+        let lease = acquire(&store, "c")?;
+        store.complete_with_effects(&lease, Response::new(201, "ok"), |fx| {
+            fx.remove(LEDGER, "a")
+        })??;
+        assert!(store.effect_row(LEDGER, "a")?.is_none(), "removed");
+        assert_eq!(store.effect_row(LEDGER, "b")?.map(|v| v.value()), Some(2));
+        assert!(matches!(
+            store.effect_row(OTHER, "b"),
+            Err(Error::EffectTable { .. })
+        ));
+    }
+    let store = builder().open(&path)?;
+    assert_eq!(store.effect_row(LEDGER, "b")?.map(|v| v.value()), Some(2));
+    assert!(store.effect_row(LEDGER, "a")?.is_none());
+    Ok(())
+}

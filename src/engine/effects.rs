@@ -168,7 +168,7 @@ impl Registry {
     }
 
     /// The position of `table`, checked against the types it was registered with.
-    fn typed<K: RedbKey + 'static, V: Value + 'static>(
+    pub(crate) fn typed<K: RedbKey + 'static, V: Value + 'static>(
         &self,
         table: &TableDefinition<'_, K, V>,
     ) -> Result<usize> {
@@ -269,10 +269,7 @@ impl<'a> Effects<'a> {
         let key = K::as_bytes(key.borrow());
         let found = self.lookup(&table, key.as_ref());
         let bytes = self.noted(found)?;
-        Ok(bytes.map(|bytes| EffectValue {
-            bytes,
-            value: PhantomData,
-        }))
+        Ok(bytes.map(EffectValue::new))
     }
 
     fn lookup<K: RedbKey + 'static, V: Value + 'static>(
@@ -333,6 +330,13 @@ pub struct EffectValue<V: Value> {
 }
 
 impl<V: Value> EffectValue<V> {
+    pub(crate) fn new(bytes: Vec<u8>) -> Self {
+        EffectValue {
+            bytes,
+            value: PhantomData,
+        }
+    }
+
     /// The value, as the table's value type reads it.
     pub fn value(&self) -> V::SelfType<'_> {
         V::from_bytes(&self.bytes)

@@ -216,6 +216,27 @@ impl Engine {
         })
     }
 
+    /// The value bytes of `key` in the effect table at position `table`, as acknowledged: the
+    /// overlay first, then redb (as [`read`](Self::read) does for records). Never flushes.
+    pub(crate) fn read_effect(&self, table: usize, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        contain("reading an effect row", || {
+            let at = overlay::effect_key(table, key);
+            let known = self
+                .overlay
+                .with_effect(&at, |bytes| bytes.map(<[u8]>::to_vec));
+            if let Some(known) = known {
+                return Ok(known);
+            }
+            let txn = self.db()?.begin_read()?;
+            self.config.effects.table(table)?.get_at(&txn, key)
+        })
+    }
+
+    /// The effect tables this store was opened with.
+    pub(crate) fn effect_tables(&self) -> &Registry {
+        &self.config.effects
+    }
+
     /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
     pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
         not_in_effect()?;

@@ -6,7 +6,7 @@ use crate::api::metrics::Call;
 use crate::api::outcome::Lease;
 use crate::api::response::Response;
 use crate::engine::contain::contain;
-use crate::engine::effects::Effects;
+use crate::engine::effects::{EffectValue, Effects};
 use crate::engine::ops::{Complete, CompleteEffects};
 #[cfg(doc)]
 use crate::error::Error;
@@ -111,12 +111,51 @@ impl Store {
         }
     }
 
+    /// The value of `key` in `table`, a table registered with
+    /// [`StoreBuilder::effect_table`](crate::StoreBuilder::effect_table), as every
+    /// acknowledged [`complete_with_effects`](Store::complete_with_effects) left it. The cheap
+    /// read of effect rows: it looks in the store's overlay, then in redb, like
+    /// [`lookup`](Store::lookup), and never flushes or waits for writers (unlike
+    /// [`read_with`](Store::read_with) while effect rows wait in memory). For range scans use
+    /// `read_with`.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
+    ///
+    /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
+    /// let store = Store::builder().effect_table(LEDGER).open_in_memory()?;
+    /// let key = Key::new("charge-1")?;
+    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["4999"]))? else { panic!() };
+    /// store.complete_with_effects(&lease, Response::new(201, "charged"), |fx| {
+    ///     fx.insert(LEDGER, "charge-1", 4999)
+    /// })??;
+    /// let amount = store.effect_row(LEDGER, "charge-1")?.map(|row| row.value());
+    /// assert_eq!(amount, Some(4999));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::EffectTable`] if `table` was not registered (or with other types),
+    /// [`Error::Storage`] if the row cannot be read.
+    pub fn effect_row<'k, K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        table: redb::TableDefinition<'_, K, V>,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    ) -> Result<Option<EffectValue<V>>> {
+        let at = self.engine.effect_tables().typed(&table)?;
+        let key = K::as_bytes(key.borrow());
+        let bytes = self.engine.read_effect(at, key.as_ref())?;
+        Ok(bytes.map(EffectValue::new))
+    }
+
     /// Runs `read` in a read transaction of the store's file, for the caller's own tables
     /// (written with [`complete_with_effects`](Store::complete_with_effects) or
     /// [`complete_with`](Store::complete_with)). It sees every acknowledged write to them. Rows
     /// written by effects wait in memory until the next flush of the overlay (every 128 or so
     /// writes); if any are waiting, this call flushes them first (a redb commit without a sync,
-    /// behind the batch being written, if any). Otherwise it never waits for writers.
+    /// behind the batch being written, if any), because redb's `ReadTransaction` cannot see
+    /// them. Otherwise it never waits for writers. To read single rows without that cost, use
+    /// [`effect_row`](Store::effect_row); BENCHMARKS.md gives both costs.
     ///
     /// ```
     /// use idempotency_store::{Store, redb};
