@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
-//!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N]
+//!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N] [--recorder]
 //! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
 //!     [--sweep-batch N]
 //! cargo run --release --example loadtest -- --space [--records N] [--dir PATH]
@@ -89,10 +89,13 @@ struct Args {
     sweep_batch: Option<usize>,
     /// `--recovery-child` only: the store file and its durability.
     child: Option<(PathBuf, Durability)>,
+    /// `--recorder`: a Prometheus recorder receives the `metrics` facade's values, as in a
+    /// service that exports them (with the `metrics` feature; without it nothing is sent).
+    recorder: bool,
 }
 
 const USAGE: &str = "usage: loadtest [--seconds S] [--threads 1,4,16,64] [--dir PATH] [--json-only] \
-[--only NAME[,NAME..]] [--replay-keys N] | --sweep [--records N] [--sweep-batch N] | --space [--records N] \
+[--only NAME[,NAME..]] [--replay-keys N] [--recorder] | --sweep [--records N] [--sweep-batch N] | --space [--records N] \
 | --recovery [--records N]";
 
 fn parse_args() -> Res<Args> {
@@ -108,6 +111,7 @@ fn parse_args() -> Res<Args> {
         prefill_threads: 64,
         sweep_batch: None,
         child: None,
+        recorder: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -130,6 +134,7 @@ fn parse_args() -> Res<Args> {
             }
             "--dir" => args.dir = Some(PathBuf::from(value()?)),
             "--json-only" => args.json_only = true,
+            "--recorder" => args.recorder = true,
             "--only" => {
                 args.only
                     .extend(value()?.split(',').map(|s| s.trim().to_owned()));
@@ -2378,12 +2383,37 @@ fn main() -> ExitCode {
     let out = Out {
         quiet: args.json_only,
     };
+    let recorder = if args.recorder {
+        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                eprintln!("installing the Prometheus recorder: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let result = bench_dir(&args).and_then(|base| match args.mode {
         Mode::Main => main_run(&args, &out, base),
         Mode::Sweep => sweep_run(&args, &out, base),
         Mode::Space => space_run(&args, &out, base),
         Mode::Recovery => recovery_run(&args, &out, base),
         Mode::RecoveryChild => recovery_child(&args, &out),
+    });
+    let result = result.map(|mut j| {
+        j.set("metrics_feature", J::Bool(cfg!(feature = "metrics")))
+            .set("tracing_feature", J::Bool(cfg!(feature = "tracing")));
+        if let Some(handle) = &recorder {
+            // Proof that the values reached the recorder: its rendered sample lines.
+            let samples = handle
+                .render()
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .count();
+            j.set("recorder_samples", J::Int(samples as u64));
+        }
+        j
     });
     match result {
         Ok(j) => {
