@@ -80,6 +80,7 @@ mod options;
 mod policy;
 mod retry_after;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 mod view;
 
