@@ -176,6 +176,12 @@ pub use redb;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres;
 
+/// The README's code blocks, compiled and run as doc tests by `cargo test --all-features`, so
+/// that every example a user copies from it builds as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 // Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.
 #[cfg(feature = "__test-hooks")]
 #[doc(hidden)]
