@@ -1,5 +1,10 @@
 //! A durable, embedded idempotency-key store on [redb].
 //!
+//! ```sh
+//! cargo add idempotency-store                        # the store
+//! cargo add idempotency-store --features http,tower  # with the HTTP mapping and the tower layer
+//! ```
+//!
 //! A client retries `POST /payments` after a timeout; the service must charge once and give
 //! every retry the first answer. [`Store::claim`] decides, atomically and durably, which
 //! attempt runs the operation; [`Store::complete`] stores its response; later attempts get
@@ -8,8 +13,8 @@
 //! ```
 //! use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
 //!
-//! let dir = tempfile::tempdir().expect("temp dir");
-//! let store = Store::open(dir.path().join("idempotency.redb"))?;
+//! // In memory for this example; `Store::open("idempotency.redb")` for a durable file.
+//! let store = Store::builder().open_in_memory()?;
 //!
 //! let key = Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324")?;
 //! let request = Fingerprint::of(["POST", "/payments", r#"{"amount":4999}"#]);
@@ -29,6 +34,35 @@
 //! assert_eq!(replay.response.body, br#"{"id":"pay_1"}"#);
 //! # Ok::<(), idempotency_store::Error>(())
 //! ```
+//!
+//! # Where to start
+//!
+//! The examples, in the repository's `examples/` (`cargo run --example NAME` from a checkout
+//! needs no feature flags):
+//!
+//! - `quickstart`: a lost answer, its retry and a reused key, without HTTP.
+//! - `payments`: the same story over real HTTP, with duplicates racing and a restart.
+//! - `payments_server`: that payments server on its own, on a file, for `curl`.
+//! - `axum_payments`: the same server on axum with the tower layer, and `GET /metrics`.
+//! - `http_one_line`: the tower layer and the synchronous `http::handle`, each in one call.
+//! - `loadtest`: throughput of this store against SQLite (and `PgStore` with `--features
+//!   postgres` and `IDEMPOTENCY_PG_URL` set).
+//!
+//! The main items, and the feature each needs:
+//!
+//! | item | what for | feature |
+//! |---|---|---|
+//! | [`Store::open`], [`Store::builder`] ([`StoreBuilder`]) | open a store file (or one in memory) | none |
+//! | [`Store::execute`] | claim, run a closure, store its response or release the key | none |
+//! | [`Store::claim`], [`Claim`], [`Store::complete`], [`Store::release`] | the same flow step by step | none |
+//! | [`Store::complete_with_effects`], [`StoreBuilder::effect_table`] | your own rows committed with the response | none |
+//! | [`IdempotencyStore`] | the calls shared by `Store` and `PgStore` | none |
+//! | [`Store::metrics`], [`Metrics`] | counters and latencies since the open | none (`metrics` publishes them through the `metrics` facade) |
+//! | [`StoreBuilder::trace_keys`] | show keys in `tracing` events | `tracing` (the events) |
+//! | [`http`](http/index.html): `http::handle`, `http::decide`, `http::Problem` | the HTTP mapping, the whole flow in one call | `http` |
+//! | [`http::tower::IdempotencyLayer`](http/tower/struct.IdempotencyLayer.html) | the same flow as a tower layer (axum, hyper) | `tower` |
+//! | [`PgStore`](struct.PgStore.html), [`PgStoreBuilder`](struct.PgStoreBuilder.html) | the same store on PostgreSQL, for many instances | `postgres` |
+//! | the binary `idempotency-store` | look inside a store, release a stuck key | `cli` |
 //!
 //! # Guarantees
 //!
@@ -67,9 +101,16 @@
 //! - `tower` (implies `http`): `http::tower::IdempotencyLayer`, the same flow as a tower
 //!   layer for axum or any hyper service, with every store call on tokio's blocking pool
 //!   (adds `tokio`, `tower`, `http-body`, `http-body-util` and `bytes`).
-//! - `cli`: the operator binary `idempotency-store`.
+//! - `cli`: the operator binary `idempotency-store` (it brings `postgres` along, since it also
+//!   works on PostgreSQL tables).
 //! - `postgres`: `PgStore`, the same API ([`IdempotencyStore`]) on a PostgreSQL table shared by
 //!   many service instances (sync `postgres` client, `r2d2` connection pool).
+//! - `metrics`: [`Store::metrics`]'s counters also go through the `metrics` facade to the
+//!   recorder the application installed; without it nothing is recorded there.
+//! - `tracing`: spans and events through `tracing` (keys hidden unless
+//!   [`StoreBuilder::trace_keys`] is on).
+//!
+//! On docs.rs every feature is built; each item that needs one is marked with it.
 //!
 //! # Layout
 //!
@@ -80,6 +121,7 @@
 //! a plain redb file; open it with this crate. `docs/design.md` in the repository has the details.
 //!
 //! [redb]: https://docs.rs/redb
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -91,6 +133,7 @@ mod api;
 mod engine;
 mod error;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 #[cfg(feature = "postgres")]
 mod pg;
@@ -112,6 +155,7 @@ pub use crate::api::settings::{Settings, WhenFull};
 pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
 pub use crate::store::admin::Records;
@@ -129,7 +173,14 @@ pub use redb;
 /// The `postgres` client version [`PgStore`] uses, for the transactions of
 /// [`PgStore::complete_with`] and [`PgStore::read_with`].
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres;
+
+/// The README's code blocks, compiled and run as doc tests by `cargo test --all-features`, so
+/// that every example a user copies from it builds as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 // Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.
 #[cfg(feature = "__test-hooks")]

@@ -1,6 +1,6 @@
 //! The fuzz targets' bodies, run on the stable toolchain as part of `cargo test`: every
 //! committed corpus input (including past crashes, kept as regressions) plus a few thousand
-//! generated inputs per target. The long runs use cargo-fuzz (see the README).
+//! generated inputs per target. The long runs use cargo-fuzz (see CONTRIBUTING.md, "Long runs").
 
 use std::path::Path;
 

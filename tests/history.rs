@@ -5,7 +5,7 @@
 //! and with `--features postgres` `PgStore` with a manual clock and with the server's clock.
 //!
 //! `cargo test` runs short histories. The long runs (8 and 64 threads, 100,000 calls, 3 seeds,
-//! every backend) are ignored tests; README's "Long runs" section has the command and the
+//! every backend) are ignored tests; CONTRIBUTING.md's "Long runs" section has the command and the
 //! variables that size them (`HISTORY_OPS`, `HISTORY_SEEDS`, `HISTORY_THREADS`).
 //!
 //! PostgreSQL histories read the server from `IDEMPOTENCY_PG_URL`; without it they print why
@@ -341,7 +341,7 @@ fn env_threads() -> Vec<usize> {
 /// The long runs of the redb store: every thread count of `HISTORY_THREADS` (8,64) with
 /// `HISTORY_SEEDS` (3) seeds of `HISTORY_OPS` (100000) calls each.
 #[test]
-#[ignore = "long: run with --release -- --ignored (see README, Long runs)"]
+#[ignore = "long: run with --release -- --ignored (see CONTRIBUTING.md, Long runs)"]
 fn long_redb_histories() {
     let ops = env_usize("HISTORY_OPS", 100_000);
     for threads in env_threads() {
@@ -355,7 +355,7 @@ fn long_redb_histories() {
 /// [`long_redb_histories`].
 #[cfg(feature = "postgres")]
 #[test]
-#[ignore = "long: run with --release -- --ignored (see README, Long runs)"]
+#[ignore = "long: run with --release -- --ignored (see CONTRIBUTING.md, Long runs)"]
 fn long_postgres_histories() {
     let Some(url) = pg::url() else { return };
     let ops = env_usize("HISTORY_OPS", 100_000);

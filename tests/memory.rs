@@ -1,6 +1,6 @@
 //! Memory is bounded in bytes, not only in records: 64 threads completing 1 MiB responses
 //! (the default `max_response_bytes`) keep the process's peak resident memory under a
-//! documented bound (README, "Memory"). Linux only: it reads `VmHWM` from /proc/self/status.
+//! documented bound (docs/durability.md, "Memory"). Linux only: it reads `VmHWM` from /proc/self/status.
 //! One test in this binary, so that the peak is this workload's.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use idempotency_store::{Claim, Fingerprint, Key, Response, Result, Store};
 const THREADS: usize = 64;
 const ROUNDS: usize = 1;
 const BODY: usize = (1 << 20) - 4096;
-/// The documented bound on peak RSS for this workload (README, "Memory"): the callers' own
+/// The documented bound on peak RSS for this workload (docs/durability.md, "Memory"): the callers' own
 /// 64 responses (64 MiB), at most 4 MiB of responses per batch with the store's copies of
 /// them, overlay generations of at most 4 MiB (16 MiB before a batch writes them itself),
 /// redb's cache and write buffer, and the test harness. Measured: 144 MiB.

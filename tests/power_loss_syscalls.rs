@@ -26,7 +26,7 @@
 //! `cargo test --test power_loss_syscalls` runs a short sample; `SYSCALL_CRASH_POINTS` (crash
 //! points per workload, default 32), `SYSCALL_CRASH_SCALE` (multiplies the workloads' keys,
 //! default 1), `SYSCALL_CRASH_RANDOM_IMAGES` (random images per point beside the five fixed
-//! ones, default 4) and `SYSCALL_CRASH_SEED` make the long run (README, "Long runs"). Needs `strace`
+//! ones, default 4) and `SYSCALL_CRASH_SEED` make the long run (CONTRIBUTING.md, "Long runs"). Needs `strace`
 //! (`.ci/run` installs it).
 
 use std::collections::HashSet;

@@ -63,6 +63,55 @@
 //! 400, 409 and 422 are the IETF draft's (`draft-ietf-httpapi-idempotency-key-header`);
 //! `Idempotent-Replayed` is the header Stripe sends on replays.
 //!
+//! # Problem types
+//!
+//! The `type` of each problem links to its heading here (the constants of [`problem_type`]).
+//!
+//! ## Missing key
+//!
+//! 400 ([`problem_type::MISSING_KEY`]): the request has no `Idempotency-Key` header, and the
+//! operation requires one. Send a new key (for example a UUID) with each new request.
+//!
+//! ## Invalid key
+//!
+//! 400 ([`problem_type::INVALID_KEY`]): the `Idempotency-Key` header is malformed, or the key
+//! is not acceptable (empty, too long, not printable ASCII); the `detail` says why. A key is 1
+//! to 255 printable ASCII characters (or the store's `max_key_len`), sent as a quoted string
+//! (`"..."`) or bare.
+//!
+//! ## Key reused
+//!
+//! 422 ([`problem_type::KEY_REUSED`]): the key was already used for a different request
+//! (method, path or body). Use a new key for a new request; retry with the original request
+//! to get its answer.
+//!
+//! ## In progress
+//!
+//! 409 ([`problem_type::IN_PROGRESS`]), with `Retry-After`: the first request with this key
+//! is still being processed (or another attempt took it over while this one ran). Retry with
+//! the same key after `Retry-After` seconds to get its answer.
+//!
+//! ## Store full
+//!
+//! 503 ([`problem_type::STORE_FULL`]), with `Retry-After`: the store holds as many records or
+//! bytes as its quota allows and refuses new keys for now; keys already stored still replay.
+//! Retry later with the same key.
+//!
+//! ## Internal
+//!
+//! 500 ([`problem_type::INTERNAL`]): the server failed; the request may or may not have been
+//! applied. Retry with the same key to get its outcome.
+//!
+//! ## Too large
+//!
+//! 413 ([`problem_type::TOO_LARGE`]): the body of an idempotent request is over the limit
+//! ([`HandleOptions::max_body`], 1 MiB by default).
+//!
+//! ## Invalid body
+//!
+//! 400 ([`problem_type::INVALID_BODY`]): the body of an idempotent request could not be read
+//! to the end (the tower layer); send it again.
+//!
 //! # Conversion failures
 //!
 //! [`Response`] holds any status and any header bytes, `http` does not: converting to
@@ -80,6 +129,7 @@ mod options;
 mod policy;
 mod retry_after;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 mod view;
 

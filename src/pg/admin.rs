@@ -21,6 +21,7 @@ const PAGE: i64 = 500;
 /// written or deleted during the walk may or may not be seen, but none is seen twice. A
 /// record that does not decode yields [`Error::Corrupted`] naming its key and the walk goes
 /// on; a failed statement yields its error and ends the walk.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Debug)]
 pub struct PgRecords<'store> {
     store: &'store PgStore,

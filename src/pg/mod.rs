@@ -225,6 +225,7 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// statement), so instances with skewed clocks agree on when a lease lapses. A [`Clock`]
 /// given to the builder replaces it (for tests with [`ManualClock`](crate::ManualClock)): its
 /// time, never going backwards within one `PgStore`, is then passed to every statement.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct PgStore {
     /// `None` only while the store is dropped.
     pool: Option<r2d2::Pool<Manager>>,
@@ -257,6 +258,7 @@ impl std::fmt::Debug for PgStore {
 
 /// Settings for connecting a [`PgStore`]. Every setter states its default; the shared ones
 /// are one [`Settings`] type with the redb [`StoreBuilder`](crate::StoreBuilder)'s.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Clone)]
 pub struct PgStoreBuilder {
     shared: Settings,

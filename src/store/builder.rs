@@ -18,8 +18,8 @@ use crate::store::Store;
 /// How a write call's commit reaches the disk before the call returns.
 ///
 /// Both settings make every acknowledged write survive a process crash and a power loss; they
-/// differ in the cost of a commit and of the first open after a crash. See the README,
-/// "Guarantees", for measured figures.
+/// differ in the cost of a commit and of the first open after a crash. See `docs/durability.md`,
+/// "What survives a crash", for measured figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {

@@ -1,0 +1,122 @@
+//! The `type` URIs of the HTTP problems (`http::problem_type`) point at anchors of the `http`
+//! module's page on docs.rs. This test builds that page with rustdoc and checks that each URI's
+//! fragment is an `id` on it, so a client that follows a problem's `type` lands on its
+//! explanation.
+//!
+//! The docs are built with the features `http` and `tower` only: the `http` module has no item
+//! gated on another feature, so its page is the one docs.rs builds with every feature, and the
+//! first run does not have to check the PostgreSQL and CLI dependencies. They are built in a
+//! target directory of their own (`target/problem-types-doc`), because the `cargo test`
+//! running this holds the lock of its own; after the first run, rustdoc only redoes this crate.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use idempotency_store::http::problem_type;
+
+const PREFIX: &str = "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
+
+/// Every constant of `problem_type`, by name.
+const CONSTANTS: [(&str, &str); 8] = [
+    ("MISSING_KEY", problem_type::MISSING_KEY),
+    ("INVALID_KEY", problem_type::INVALID_KEY),
+    ("KEY_REUSED", problem_type::KEY_REUSED),
+    ("IN_PROGRESS", problem_type::IN_PROGRESS),
+    ("STORE_FULL", problem_type::STORE_FULL),
+    ("INTERNAL", problem_type::INTERNAL),
+    ("TOO_LARGE", problem_type::TOO_LARGE),
+    ("INVALID_BODY", problem_type::INVALID_BODY),
+];
+
+/// The directory holding this test's binary's `debug/deps` (or `release/deps`): the target
+/// directory the suite was built in, wherever `CARGO_TARGET_DIR` put it.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .nth(3)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// Builds the crate's docs with the HTTP features and returns the `http` module's page.
+fn http_page() -> String {
+    let doc_target = target_dir().join("problem-types-doc");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "doc",
+            "--no-deps",
+            "--lib",
+            "--features",
+            "http,tower",
+            "--quiet",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CARGO_TARGET_DIR", &doc_target)
+        .status()
+        .expect("run cargo doc");
+    assert!(status.success(), "cargo doc failed: {status}");
+    let page = doc_target.join("doc/idempotency_store/http/index.html");
+    std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("read {}: {e}", page.display()))
+}
+
+/// The values of every `id="…"` attribute on the page.
+fn ids(html: &str) -> Vec<&str> {
+    html.split(" id=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect()
+}
+
+/// The problem-type URIs written in the `http` module's source, so that a constant added
+/// there without an entry in `CONSTANTS` fails this test instead of escaping it.
+fn uris_in_source() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http/mod.rs");
+    let source = std::fs::read_to_string(path).expect("read src/http/mod.rs");
+    source
+        .split('"')
+        .filter(|text| text.starts_with(PREFIX) && text.len() > PREFIX.len())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_problem_type_is_a_constant_listed_here() {
+    let listed: Vec<&str> = CONSTANTS.iter().map(|(_, uri)| *uri).collect();
+    let in_source = uris_in_source();
+    for uri in &in_source {
+        assert!(
+            listed.contains(&uri.as_str()),
+            "{uri} is in src/http/mod.rs but not in CONSTANTS"
+        );
+    }
+    for (name, uri) in CONSTANTS {
+        assert!(
+            uri.starts_with(PREFIX),
+            "{name} = {uri} is not on the http page"
+        );
+        assert!(
+            in_source.iter().any(|u| u == uri),
+            "{name} = {uri} not found in src/http/mod.rs"
+        );
+    }
+}
+
+#[test]
+fn every_problem_type_anchor_exists_on_the_http_page() {
+    let html = http_page();
+    let ids = ids(&html);
+    assert!(
+        ids.contains(&"problem-types"),
+        "the page has no \"Problem types\" section: is it the http module's page?"
+    );
+    let missing: Vec<String> = CONSTANTS
+        .iter()
+        .map(|(name, uri)| (name, &uri[PREFIX.len()..]))
+        .filter(|(_, fragment)| !ids.contains(fragment))
+        .map(|(name, fragment)| format!("{name} (#{fragment})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no such id on http/index.html: {missing:?}"
+    );
+}
