@@ -1,4 +1,4 @@
-//! Poisoning: a write or sync of the store's file that fails with `EIO` at any step of a batch, a flush, a checkpoint or the close makes the store
+//! Poisoning: a write or sync of the store's file that fails with `EIO` at any step of a batch, a flush, a merge or the close makes the store
 //! refuse every later write with `Error::Poisoned` while reads go on; a full disk (`ENOSPC`)
 //! refused before the write does not. Reopened from what the disk holds (the synced image,
 //! as after a power cut, and the live one, as after a clean restart), the store keeps every
@@ -7,7 +7,7 @@
 //!
 //! The storage backend models the kernel after a failed sync as in PostgreSQL's "fsyncgate":
 //! the unsynced writes stay readable but are marked clean, so a later successful sync never
-//! makes them durable. A store that went on writing and checkpointing after such a failure
+//! makes them durable. A store that went on writing and merging after such a failure
 //! would record as durable a state the disk does not hold.
 
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ mod acks;
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint, response_for};
 
 const RETENTION: Duration = Duration::from_secs(3600);
-/// Enough for the log (halves of 8 KiB) to switch halves and checkpoint a few times.
+/// Enough for the log (halves of 8 KiB) to switch halves and merge a few times.
 const KEYS: usize = 80;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +170,7 @@ fn open(disk: FaultyDisk, clock: &ManualClock) -> Result<Store> {
         .retention(RETENTION)
         .lease(Duration::from_secs(30))
         // The smallest log: its halves fill every dozen pairs, so faults land in log writes,
-        // in the flush thread's checkpoints and in the batches that checkpoint themselves.
+        // in the flush thread's merges and in the batches that merge themselves.
         .log_size(16 << 10)
         .effect_table(LEDGER)
         .clock(clock.clone())
@@ -271,7 +271,7 @@ fn run(plan: Option<Plan>) -> Result<Run> {
             "{plan:?}: close of a poisoned store: {closed:?}"
         );
     } else if disk.disk().fired && !fired_before_close {
-        // The fault fired in the close (its checkpoint, or redb's own close).
+        // The fault fired in the close (its merge, or redb's own close).
         assert!(
             closed.is_err(),
             "{plan:?}: a fault in the close went unreported"

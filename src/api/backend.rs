@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// `sweep`). Each round is one bounded transaction. Expired keys are scattered through the
 /// records table, so each deletion dirties a page of its own; a claim queued behind a sweep
 /// waits for at most one round (sweeps never share a batch), so this bounds a sweep's effect
-/// on claim latency. BENCHMARKS.md ("Sweep batch size") has the measurements behind 64.
+/// on claim latency. BENCHMARKS.md ("Figures behind the defaults") has the measurements behind 64.
 pub const SWEEP_BATCH: usize = 64;
 
 /// The operations of an idempotency store, with the same types and the same outcomes on every

@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 /// A response to store and replay: status, headers and body, byte for byte.
 ///
 /// Header names are kept as given (no case folding) and in order, duplicates included.
+///
+/// Deliberately not `#[non_exhaustive]`: it is plain data that callers build with a literal as
+/// often as with [`new`](Response::new), and its fields are part of the stored record format,
+/// so a new field would need a new record format (and a major version) in any case.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Response {
     /// The HTTP status code (or any application status).

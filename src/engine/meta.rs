@@ -102,7 +102,7 @@ impl Counters {
         Ok(())
     }
 
-    /// Makes `txn` a checkpoint: it writes these counters and records that the log is applied
+    /// Makes `txn` a merge: it writes these counters and records that the log is applied
     /// up to entry `seq` (and, with `quick_repair`, redb's allocator state).
     pub(crate) fn merge(
         &self,

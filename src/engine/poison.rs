@@ -3,7 +3,7 @@
 //!
 //! A failed `fsync` does not leave the data waiting to be retried: the kernel may already
 //! have dropped the dirty pages it could not write, marked them clean, and a later `fsync`
-//! then succeeds over the hole (PostgreSQL's "fsyncgate", 2018). A checkpoint after such a
+//! then succeeds over the hole (PostgreSQL's "fsyncgate", 2018). A merge after such a
 //! failure would record as durable a state the disk does not hold. So every write and sync of
 //! the file, redb's (through [`Guarded`]) and the log's own, reports its failure here, and
 //! the store checks [`Poison::check`] before each write. Only a full disk that refused a write

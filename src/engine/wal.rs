@@ -336,10 +336,10 @@ impl LogFault {
 ///
 /// An `fdatasync` of the file would also write out every page that redb's commits without a
 /// sync left in the page cache, which the log does not need: those pages only matter after
-/// the next checkpoint, whose durable commit syncs them (until then the log holds their
+/// the next merge, whose durable commit syncs them (until then the log holds their
 /// changes, and redb never overwrites the pages of its last durable commit). Linux syncs just
-/// the written range for an `O_DSYNC` write, including the disk's cache flush: measured,
-/// a 64-thread batch's log write went from 415 µs to about 210 µs.
+/// the written range for an `O_DSYNC` write, including the disk's cache flush (BENCHMARKS.md,
+/// "Figures behind the defaults", has what that saved).
 #[derive(Debug)]
 pub(crate) struct LogHandle {
     file: std::fs::File,
@@ -606,7 +606,7 @@ mod tests {
     }
 
     #[test]
-    fn after_a_checkpoint_older_entries_are_not_replayed() {
+    fn after_a_merge_older_entries_are_not_replayed() {
         let (storage, region) = storage();
         let (mut log, _) = recover(opened(storage.clone(), region), 0).expect("recover");
         for i in 1..=3 {

@@ -5,6 +5,7 @@ use ::http::{Extensions, HeaderMap, Method, Uri};
 /// A borrowed view of a request with its whole body, as given to the scope function, the
 /// fingerprint policies and the release rule of [`HandleOptions`](super::HandleOptions).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct RequestView<'a> {
     /// The method.
     pub method: &'a Method,
