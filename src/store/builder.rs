@@ -292,9 +292,9 @@ impl StoreBuilder {
     /// leaves a file under investigation byte for byte as it was.
     ///
     /// The store sees what a writable open would: an open after a crash repairs redb's part and
-    /// replays the log as always, but into memory (a copy-on-write layer over the file, which
-    /// holds the pages the open changed, typically a few MiB at most, and up to the log's
-    /// size after a crash). Reads work: [`lookup`](Store::lookup), claims that only replay or
+    /// replays the log as always, but into memory: a copy-on-write layer over the file holds
+    /// every page the open changed (redb's header and, after a crash, the pages its repair and
+    /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](Store::lookup), claims that only replay or
     /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](Store::records),
     /// [`inspect`](Store::inspect), [`metrics`](Store::metrics). Every call that would write
     /// (a claim that would take a key, [`complete`](Store::complete),
