@@ -286,3 +286,39 @@ fn missing_empty_and_foreign_files_are_refused_and_never_created() {
     assert!(matches!(err, Error::NotAStore { .. }), "{err}");
     assert!(std::fs::read(&notes).expect("read") == b"my notes\n".repeat(1000));
 }
+
+/// Damage anywhere in the file: a read-only open and every read answer or fail with an error,
+/// never panic, and still never write.
+#[test]
+fn a_damaged_file_gives_errors_not_panics_and_stays_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, _) = crashed(dir.path(), false);
+    let pristine = std::fs::read(&path).expect("read");
+    let damaged = dir.path().join("damaged.redb");
+    // Offsets in the header, the log and redb's part, spread over the whole file.
+    let step = pristine.len() / 97;
+    for (n, at) in (0..pristine.len()).step_by(step.max(1)).enumerate() {
+        let mut bytes = pristine.clone();
+        if n % 5 == 4 {
+            bytes.truncate(at);
+        } else {
+            for b in &mut bytes[at..(at + 64).min(pristine.len())] {
+                *b ^= 0x5a;
+            }
+        }
+        std::fs::write(&damaged, &bytes).expect("write");
+        if let Ok(store) = Store::builder().open_read_only(&damaged) {
+            let _ = store.stats();
+            let _ = store.verify();
+            if let Ok(walk) = store.records() {
+                walk.for_each(drop);
+            }
+            let _ = store.lookup(&key("done"));
+            let _ = store.close();
+        }
+        assert!(
+            std::fs::read(&damaged).expect("read") == bytes,
+            "damage at {at} (case {n}): the file changed"
+        );
+    }
+}

@@ -77,7 +77,8 @@ impl CowFile {
 /// and in the range.
 fn span(index: u64, offset: u64, end: u64) -> (usize, usize, usize) {
     let start = (index * PAGE).max(offset);
-    let stop = ((index + 1) * PAGE).min(end);
+    // The last page of the address space ends past u64::MAX.
+    let stop = (index + 1).saturating_mul(PAGE).min(end);
     let in_page = (start - index * PAGE) as usize;
     let in_range = (start - offset) as usize;
     (in_page, in_range, (stop - start) as usize)
@@ -107,7 +108,7 @@ impl StorageBackend for CowFile {
             }
             let (in_page, in_range, n) = span(index, offset, end);
             out[in_range..in_range + n].copy_from_slice(&page[in_page..in_page + n]);
-            at = page_start + PAGE;
+            at = page_start.saturating_add(PAGE);
         }
         if at < end {
             let from = (at - offset) as usize;
