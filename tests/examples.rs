@@ -4,8 +4,8 @@
 //!
 //! The servers' option parsing is checked in this process (their files are compiled in);
 //! the built binaries are run too when `cargo test` has built them (it builds the examples
-//! before it runs any test, unless given `--test NAME`): a missing or stale binary is skipped
-//! with a printed reason.
+//! before it runs any test, unless given `--test NAME`): a binary that is missing, or older
+//! than its example's main source file, is skipped with a printed reason.
 
 // Each server compiles the shared payments_service files as its own modules, as it does as a
 // program of its own; here both are in one crate.
