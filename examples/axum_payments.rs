@@ -8,23 +8,22 @@
 //!      -d '{"amount": 4999, "currency": "usd", "customerId": "cus_123"}'
 //! ```
 //!
-//! Options: `--db PATH` (default `payments.redb`), `--listen ADDR` (default `127.0.0.1:8080`;
-//! port 0 picks a free one), `--wait-ms N` (0, the default: a duplicate of a request in flight
-//! gets 409 at once; otherwise it waits up to N ms), `--lease-ms N` (default 60000),
-//! `--delay-ms N` (simulated card-network latency; default 0). It prints
-//! `listening on http://ADDR` once it serves. `GET /metrics` answers the store's metrics in the
+//! Options (`--help` lists them with their defaults): `--db PATH`, `--listen ADDR` (port 0
+//! picks a free one), `--wait-ms MS` (how long a duplicate of a request in flight waits; 0
+//! answers 409 at once), `--lease-ms MS`, `--delay-ms MS` (simulated card-network latency), as
+//! `payments_server` takes them. It prints `listening on http://ADDR` once it serves. `GET /metrics` answers the store's metrics in the
 //! Prometheus text format (README, "Metrics").
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Request, State};
 use axum::response::Response;
 use axum::routing::{any, get, post};
+use clap::Parser;
 use idempotency_store::Store;
 use idempotency_store::http::LeaseWatch;
 use idempotency_store::http::tower::IdempotencyLayer;
@@ -33,10 +32,25 @@ use idempotency_store::http::tower::IdempotencyLayer;
 #[path = "payments_service/server.rs"]
 pub mod server;
 
-use server::{BoxError, Options, Payments};
+#[path = "payments_service/options.rs"]
+pub mod options;
+
+use options::ServeOptions;
+use server::{BoxError, Payments};
+
+/// The payments server of `payments_server` on axum, behind `IdempotencyLayer`: the same
+/// routes (`POST /payments`, `GET /payments/{id}`, `GET /ledger`), plus `GET /metrics`.
+#[derive(Debug, Parser)]
+#[command(name = "axum_payments", version, after_help = options::AFTER_HELP)]
+pub struct Args {
+    #[command(flatten)]
+    pub serve: ServeOptions,
+}
 
 fn main() -> ExitCode {
-    match run(std::env::args().skip(1)) {
+    // `--help`: usage on stdout, exit 0; a bad option or value: clap's message naming it, exit 2.
+    let args = Args::parse();
+    match serve(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("axum_payments: {err}");
@@ -45,35 +59,25 @@ fn main() -> ExitCode {
     }
 }
 
-/// Parses the options, opens the store and serves until the process ends.
-pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), BoxError> {
-    let (mut db, mut listen) = ("payments.redb".to_owned(), "127.0.0.1:8080".to_owned());
-    let mut lease = None;
-    let mut options = Options {
-        wait: Duration::ZERO,
-        charge_delay: Duration::ZERO,
-        threads: 1,
-    };
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        let millis = |v: String| v.parse().map(Duration::from_millis);
-        match flag.as_str() {
-            "--db" => db = value()?,
-            "--listen" => listen = value()?,
-            "--wait-ms" => options.wait = millis(value()?)?,
-            "--lease-ms" => lease = Some(millis(value()?)?),
-            "--delay-ms" => options.charge_delay = millis(value()?)?,
-            other => return Err(format!("unknown option {other} (see the source's docs)").into()),
-        }
-    }
-    let mut builder = server::store_builder();
-    if let Some(lease) = lease {
-        builder.lease(lease);
-    }
+/// Parses `args` (the options, without the program name) and serves until the process ends.
+pub fn run(args: impl Iterator<Item = String>) -> Result<(), BoxError> {
+    serve(&Args::try_parse_from(
+        std::iter::once("axum_payments".to_owned()).chain(args),
+    )?)
+}
+
+/// Opens the store and serves until the process ends.
+pub fn serve(args: &Args) -> Result<(), BoxError> {
+    let listen = &args.serve.listen;
     // Opened before the runtime starts: opening reads and may repair the file (blocking).
-    let payments = Arc::new(Payments::open(builder.open(&db)?, options)?);
+    let payments = Arc::new(Payments::open(
+        args.serve.open_store()?,
+        args.serve.service(1),
+    )?);
     tokio::runtime::Runtime::new()?.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&listen).await?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
         println!("listening on http://{}", listener.local_addr()?);
         std::io::stdout().flush()?;
         let metrics = metrics_route(payments.store())?;

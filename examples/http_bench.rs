@@ -30,6 +30,10 @@ fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
     let (mut seconds, mut runs, mut dir) = (3.0_f64, 3_usize, std::env::temp_dir());
     while let Some(flag) = args.next() {
+        if flag == "-h" || flag == "--help" {
+            println!("usage: http_bench [--seconds S] [--runs N] [--dir PATH]");
+            return Ok(());
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--seconds" => seconds = value.parse()?,

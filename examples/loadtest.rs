@@ -155,7 +155,11 @@ fn parse_args() -> Res<Args> {
                 args.mode = Mode::RecoveryChild;
                 args.child = Some((path, durability));
             }
-            "-h" | "--help" => return Err(USAGE.into()),
+            // Asked for, the usage is the answer: stdout, exit 0 (not the error path's 2).
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }

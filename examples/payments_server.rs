@@ -8,11 +8,10 @@
 //! curl localhost:8080/ledger
 //! ```
 //!
-//! Options: `--db PATH` (default `payments.redb`), `--listen ADDR` (default `127.0.0.1:8080`;
-//! port 0 picks a free one), `--wait-ms N` (0, the default: a duplicate of a request in flight
-//! gets 409 at once; otherwise it waits up to N ms for the first attempt's answer),
-//! `--lease-ms N` (how long a crashed attempt blocks its key; default 60000), `--delay-ms N`
-//! (simulated card-network latency; default 0), `--threads N` (default 8).
+//! Options (`--help` lists them with their defaults): `--db PATH`, `--listen ADDR` (port 0
+//! picks a free one), `--wait-ms MS` (how long a duplicate of a request in flight waits for the
+//! first answer; 0 answers 409 at once), `--lease-ms MS` (how long a crashed attempt blocks
+//! its key), `--delay-ms MS` (simulated card-network latency), `--threads N`.
 //!
 //! It prints `listening on http://ADDR` once it serves. Kill it with `kill -9` at any moment
 //! and start it again on the same file: every retry gets the first answer, and the ledger
@@ -20,16 +19,36 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
+
+use clap::Parser;
 
 // Public so that tests/payments_e2e.rs, which runs this file as its child server, reaches it.
 #[path = "payments_service/server.rs"]
 pub mod server;
 
-use server::{BoxError, Options, Payments};
+#[path = "payments_service/options.rs"]
+pub mod options;
+
+use options::ServeOptions;
+use server::{BoxError, Payments};
+
+/// A payments HTTP server over one store file: `POST /payments` charges once per
+/// Idempotency-Key, whatever the retries, crashes and restarts; `GET /payments/{id}` and
+/// `GET /ledger` read the charges.
+#[derive(Debug, Parser)]
+#[command(name = "payments_server", version, after_help = options::AFTER_HELP)]
+pub struct Args {
+    #[command(flatten)]
+    pub serve: ServeOptions,
+    /// Worker threads serving requests.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub threads: usize,
+}
 
 fn main() -> ExitCode {
-    match run(std::env::args().skip(1)) {
+    // `--help`: usage on stdout, exit 0; a bad option or value: clap's message naming it, exit 2.
+    let args = Args::parse();
+    match serve(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("payments_server: {err}");
@@ -38,34 +57,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Parses the options, opens the store and serves until the process ends.
-pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), BoxError> {
-    let (mut db, mut listen) = ("payments.redb".to_owned(), "127.0.0.1:8080".to_owned());
-    let mut lease = None;
-    let mut options = Options {
-        wait: Duration::ZERO,
-        charge_delay: Duration::ZERO,
-        threads: 8,
-    };
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        let millis = |v: String| v.parse().map(Duration::from_millis);
-        match flag.as_str() {
-            "--db" => db = value()?,
-            "--listen" => listen = value()?,
-            "--wait-ms" => options.wait = millis(value()?)?,
-            "--lease-ms" => lease = Some(millis(value()?)?),
-            "--delay-ms" => options.charge_delay = millis(value()?)?,
-            "--threads" => options.threads = value()?.parse()?,
-            other => return Err(format!("unknown option {other} (see the source's docs)").into()),
-        }
-    }
-    let mut builder = server::store_builder();
-    if let Some(lease) = lease {
-        builder.lease(lease);
-    }
-    let store = builder.open(&db)?;
-    let running = server::start(Payments::open(store, options)?, &listen)?;
+/// Parses `args` (the options, without the program name) and serves until the process ends.
+pub fn run(args: impl Iterator<Item = String>) -> Result<(), BoxError> {
+    serve(&Args::try_parse_from(
+        std::iter::once("payments_server".to_owned()).chain(args),
+    )?)
+}
+
+/// Opens the store and serves until the process ends.
+pub fn serve(args: &Args) -> Result<(), BoxError> {
+    let store = args.serve.open_store()?;
+    let payments = Payments::open(store, args.serve.service(args.threads))?;
+    let running = server::start(payments, &args.serve.listen)?;
     println!("listening on http://{}", running.addr());
     std::io::stdout().flush()?;
     running.wait();

@@ -125,6 +125,18 @@ pub enum Error {
     )]
     Reentrant,
 
+    /// The store was opened read-only
+    /// ([`StoreBuilder::open_read_only`](crate::StoreBuilder::open_read_only)) and this call
+    /// would write (a claim that would take a key, a completion, a release, a heartbeat, a
+    /// checkpoint, a sweep, a forced release). Nothing was written, and the file never is by
+    /// a read-only store. Open the file with [`StoreBuilder::open`](crate::StoreBuilder::open)
+    /// to make changes (stop the service that holds it first).
+    #[error(
+        "the store is open read-only, for inspection: this call would write, and nothing was \
+         written; open it with StoreBuilder::open to make changes"
+    )]
+    ReadOnly,
+
     /// An effect of [`Store::complete_with_effects`](crate::Store::complete_with_effects)
     /// named a table the store was not opened with (or with other key or value types), or the
     /// log holds rows of such a table. Nothing of the effect was written. Register the table

@@ -19,12 +19,18 @@ struct Run {
     stderr: String,
 }
 
+const BIN: &str = env!("CARGO_BIN_EXE_idempotency-store");
+
 fn cli(args: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_idempotency-store"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the CLI");
+    let mut command = Command::new(BIN);
+    command.args(args);
+    run(command, args)
+}
+
+/// Runs `command` (the CLI with `args`, perhaps through another program) and checks what every
+/// run must hold.
+fn run(mut command: Command, args: &[&str]) -> Run {
+    let output = command.stdin(Stdio::null()).output().expect("run the CLI");
     let run = Run {
         code: output.status.code().expect("exited, not killed"),
         stdout: String::from_utf8(output.stdout).expect("utf-8 stdout"),
@@ -43,7 +49,7 @@ fn cli(args: &[&str]) -> Run {
     let errors = run
         .stderr
         .lines()
-        .filter(|l| l.starts_with("error"))
+        .filter(|l| l.starts_with("error") || l.starts_with(r#"{"error""#))
         .count();
     assert!(errors <= 1, "more than one error line: {}", run.stderr);
     run
@@ -115,6 +121,23 @@ fn fixture(dir: &Path) -> PathBuf {
         Response::new(201, r#"{"id":"pay_1"}"#).with_header("content-type", "application/json");
     store.complete(&done, response).expect("complete");
     path
+}
+
+/// A store file as a crash leaves it, its changes only in the log (never merged): `done`
+/// completed and `held` in progress, in real time. The store is leaked rather than closed,
+/// and its file copied to `crashed.redb` (the original stays locked by this process).
+fn crashed(dir: &Path) -> PathBuf {
+    let path = dir.join("live.redb");
+    let store = Store::open(&path).expect("create");
+    let done = claim(&store, &Key::new("done").expect("key"));
+    store
+        .complete(&done, Response::new(200, "done"))
+        .expect("complete");
+    let _held = claim(&store, &Key::new("held").expect("key"));
+    std::mem::forget(store);
+    let copy = dir.join("crashed.redb");
+    std::fs::copy(&path, &copy).expect("copy");
+    copy
 }
 
 fn verify_with_library(path: &Path) -> idempotency_store::VerifyReport {
@@ -411,8 +434,9 @@ fn sweep_verify_and_export() {
             assert!(!line[field].is_null(), "{field} in {line}");
         }
     }
-    let usage = cli(&["export", p(&path)]);
-    assert_eq!(usage.code, 2, "export needs a format");
+    // JSON lines is the default: the same output without --jsonl.
+    let default = expect(0, &["export", p(&path)]);
+    assert_eq!(default.stdout, export.stdout);
 
     let swept = expect(0, &["sweep", p(&path)]);
     assert_eq!(swept.stdout.trim(), "deleted 1 expired record");
@@ -522,11 +546,34 @@ fn a_damaged_record_is_listed_as_a_problem_and_skipped() {
     assert_eq!(report["clean"], false);
     assert_eq!(report["records"], 4);
 
-    let list = expect(1, &["list", p(&path), "--json"]);
-    assert_eq!(json(&list).as_array().map(Vec::len), Some(3));
+    let list = expect(1, &["list", p(&path)]);
     assert!(list.stderr.contains("warning: skipped"), "{}", list.stderr);
     assert!(
         list.stderr.contains("1 damaged record skipped"),
+        "{}",
+        list.stderr
+    );
+    // Under --json, the warning and the error are JSON lines too.
+    let list = expect(1, &["list", p(&path), "--json"]);
+    assert_eq!(json(&list).as_array().map(Vec::len), Some(3));
+    let lines: Vec<Value> = list
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", list.stderr);
+    assert!(
+        lines[0]["warning"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("skipped:")),
+        "{}",
+        list.stderr
+    );
+    assert_eq!(lines[1]["kind"], "damaged");
+    assert!(
+        lines[1]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("1 damaged record skipped")),
         "{}",
         list.stderr
     );
@@ -952,4 +999,323 @@ mod postgres_backend {
         );
         assert!(!run.stderr.contains("s3cret"), "{}", run.stderr);
     }
+}
+
+// ----- read-only inspection -------------------------------------------------------------------
+
+/// Every inspection command, in both output forms: (arguments after the path, exit code).
+const INSPECTIONS: [(&[&str], i32); 10] = [
+    (&["stats"], 0),
+    (&["stats", "--json"], 0),
+    (&["list"], 0),
+    (&["list", "--json"], 0),
+    (&["get", "done"], 0),
+    (&["get", "done", "--json"], 0),
+    (&["verify"], 0),
+    (&["verify", "--json"], 0),
+    (&["export"], 0),
+    (&["export", "--jsonl"], 0),
+];
+
+fn inspection<'a>(path: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec![args[0], path];
+    all.extend_from_slice(&args[1..]);
+    all
+}
+
+#[test]
+fn inspection_commands_leave_the_file_byte_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let closed = fixture(dir.path());
+    // The fixture's `order-7` stands in for `done` there.
+    let done_key = |path: &Path| if path == closed { "order-7" } else { "done" };
+    for path in [closed.clone(), crashed(dir.path())] {
+        let before = std::fs::read(&path).expect("read");
+        for (args, code) in INSPECTIONS {
+            let mut args = inspection(p(&path), args);
+            if args[0] == "get" {
+                args[2] = done_key(&path);
+                if path == closed {
+                    args.extend(["--scope", "tenant-a"]);
+                }
+            }
+            expect(code, &args);
+            let after = std::fs::read(&path).expect("read");
+            assert_eq!(after.len(), before.len(), "{args:?} changed the size");
+            assert!(after == before, "{args:?} changed the file's bytes");
+        }
+        // Two runs on the same closed file report the same size: the file's own.
+        let size = |run: &Run| json(run)["file_bytes"].as_u64().expect("file_bytes");
+        let first = size(&expect(0, &["stats", p(&path), "--json"]));
+        let second = size(&expect(0, &["stats", p(&path), "--json"]));
+        assert_eq!((first, second), (before.len() as u64, before.len() as u64));
+    }
+    // The crashed file's log was replayed in memory: its records are seen.
+    let crashed = dir.path().join("crashed.redb");
+    let listed = json(&expect(0, &["list", p(&crashed), "--json"]));
+    let mut keys: Vec<&str> = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|r| r["key"].as_str())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["done", "held"]);
+}
+
+/// The inspection commands on a file that permission bits make read-only, in a read-only
+/// directory. Root ignores permission bits, so as root the commands run as `nobody` (through
+/// `runuser`); where that is impossible the test says so and stops (the library test
+/// `read_only::every_handle_on_the_file_is_read_only` checks the O_RDONLY handle anyway).
+#[cfg(unix)]
+#[test]
+fn inspection_works_on_a_read_only_copy() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let original = crashed(dir.path());
+    let shelf = dir.path().join("evidence");
+    std::fs::create_dir(&shelf).expect("mkdir");
+    let path = shelf.join("copy.redb");
+    std::fs::copy(&original, &path).expect("copy");
+    let before = std::fs::read(&path).expect("read");
+    let mode = |path: &Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    mode(&path, 0o444);
+    mode(&shelf, 0o555);
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    let as_user = |args: &[&str]| -> Run {
+        if root {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "nobody", "--", BIN]).args(args);
+            run(command, args)
+        } else {
+            cli(args)
+        }
+    };
+    if root {
+        // `nobody` must reach the directory and the binary.
+        mode(dir.path(), 0o755);
+        let probe = Command::new("runuser")
+            .args(["-u", "nobody", "--", BIN, "--version"])
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            eprintln!("skipped: running as root and cannot run the CLI as `nobody` (runuser)");
+            return;
+        }
+    }
+    for (args, code) in INSPECTIONS {
+        let args = inspection(p(&path), args);
+        let run = as_user(&args);
+        assert_eq!(run.code, code, "{args:?}: {}", run.stderr);
+    }
+    // The copy really is read-only to this user: a command that writes cannot open it.
+    let sweep = as_user(&["sweep", p(&path)]);
+    assert_eq!(sweep.code, 2, "{}", sweep.stderr);
+    assert!(
+        sweep.stderr.contains("Permission denied"),
+        "{}",
+        sweep.stderr
+    );
+    mode(&shelf, 0o755);
+    assert!(std::fs::read(&path).expect("read") == before);
+}
+
+// ----- errors, exit codes and the release prompt -----------------------------------------------
+
+/// Runs with `--json` and expects `code` and one JSON error line on stderr of `kind`, with
+/// nothing but `error` and `kind` in it; returns the error message.
+fn json_error(code: i32, kind: &str, args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let run = cli(&all);
+    assert_eq!(run.code, code, "{all:?}: {}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", run.stderr);
+    let value: Value =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {}", lines[0]));
+    let object = value.as_object().expect("an object");
+    let mut fields: Vec<&str> = object.keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(fields, ["error", "kind"], "{}", lines[0]);
+    assert_eq!(value["kind"], kind, "{}", lines[0]);
+    value["error"].as_str().expect("a message").to_owned()
+}
+
+#[test]
+fn errors_under_json_are_one_json_line_with_a_kind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = fixture(dir.path());
+    let missing = dir.path().join("nope.redb");
+    assert!(json_error(2, "no-file", &["stats", p(&missing)]).ends_with("nope.redb: no such file"));
+    assert!(json_error(2, "not-a-file", &["stats", p(dir.path())]).contains("is a directory"));
+    let usage = json_error(2, "usage", &["list", p(&path), "--state", "running"]);
+    assert!(usage.contains("running"), "{usage}");
+    json_error(
+        2,
+        "usage",
+        &["list", p(&path), "--stuck", "--state", "completed"],
+    );
+    json_error(2, "usage", &["frobnicate"]);
+    assert!(json_error(1, "no-record", &["get", p(&path), "order-7"]).contains("no record"));
+    json_error(2, "invalid-key", &["get", p(&path), "bad\tkey"]);
+    assert!(json_error(2, "refused", &["release", p(&path), "stuck-order"]).contains("--yes"));
+    json_error(
+        2,
+        "no-record",
+        &["release", p(&path), "nothing-here", "--yes"],
+    );
+    let garbage = dir.path().join("garbage.redb");
+    std::fs::write(&garbage, b"not a store\n".repeat(500)).expect("write");
+    json_error(2, "not-a-store", &["stats", p(&garbage)]);
+    {
+        let _service = Store::open(&path).expect("open");
+        let busy = json_error(2, "already-open", &["stats", p(&path)]);
+        assert!(busy.contains("already open"), "{busy}");
+    }
+    // Without --json the same error is the plain line.
+    let plain = expect(2, &["stats", p(&missing)]);
+    assert!(plain.stderr.starts_with("error: "), "{}", plain.stderr);
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    for args in [
+        vec!["--help"],
+        vec!["--version"],
+        vec!["help"],
+        vec!["stats", "--help"],
+        vec!["release", "--help"],
+        vec!["export", "--help"],
+    ] {
+        let run = expect(0, &args);
+        assert!(!run.stdout.is_empty(), "{args:?} printed nothing");
+        assert!(run.stderr.is_empty(), "{args:?}: {}", run.stderr);
+    }
+    let help = expect(0, &["--help"]).stdout;
+    for promise in ["Exit codes: 0", "\"kind\"", "read-only", "docs/cli.md"] {
+        assert!(help.contains(promise), "{promise:?} in --help:\n{help}");
+    }
+    // No subcommand is a usage error.
+    assert_eq!(cli(&[]).code, 2);
+}
+
+/// The prompt needs a terminal: the CLI runs under `script`, which gives it a pseudo-terminal
+/// fed with `answer`. Returns the exit code and everything the terminal showed.
+fn release_on_a_terminal(path: &Path, key: &str, answer: &str) -> Option<(i32, String)> {
+    let command = format!("'{BIN}' release '{}' '{key}'", p(path));
+    let child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return None;
+    };
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(answer.as_bytes())
+        .expect("answer");
+    let output = child.wait_with_output().expect("script");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!(
+        "$ release {key} <<< {answer:?}\n{shown}[exit {:?}]",
+        output.status.code()
+    );
+    Some((output.status.code().expect("exited"), shown))
+}
+
+#[cfg(unix)]
+#[test]
+fn answering_no_at_the_release_prompt_releases_nothing_and_exits_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = fixture(dir.path());
+    let Some((code, shown)) = release_on_a_terminal(&path, "stuck-order", "n\n") else {
+        return;
+    };
+    assert!(
+        shown.contains("Release key \"stuck-order\"? [y/N]"),
+        "{shown}"
+    );
+    assert!(shown.contains("nothing released"), "{shown}");
+    assert_eq!(code, 0, "{shown}");
+    expect(0, &["get", p(&path), "stuck-order"]);
+    let (code, shown) = release_on_a_terminal(&path, "stuck-order", "y\n").expect("script");
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("released key \"stuck-order\""), "{shown}");
+    expect(1, &["get", p(&path), "stuck-order"]);
+}
+
+// ----- list's long keys, get's quoted keys ----------------------------------------------------
+
+#[test]
+fn list_cuts_long_keys_unless_full() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("long.redb");
+    let long = "k".repeat(200) + "-tail";
+    {
+        let store = Store::open(&path).expect("create");
+        let _long = claim(&store, &Key::new(&long).expect("long key"));
+        let _short = claim(&store, &Key::new("short").expect("key"));
+        store.close().expect("close");
+    }
+    let table = expect(0, &["list", p(&path)]);
+    let row = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with('k'))
+        .expect("the long key's row");
+    let cell = row.split_whitespace().next().expect("key cell");
+    assert_eq!(cell.chars().count(), 64, "{cell}");
+    assert!(cell.ends_with('…') && !cell.contains("tail"), "{cell}");
+    assert!(table.stdout.lines().any(|l| l.starts_with("short ")));
+    assert!(table.stderr.contains("--full"), "{}", table.stderr);
+
+    let full = expect(0, &["list", p(&path), "--full"]);
+    assert!(
+        full.stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("{long} "))),
+        "{}",
+        full.stdout
+    );
+    assert!(full.stderr.is_empty(), "{}", full.stderr);
+    let listed = json(&expect(0, &["list", p(&path), "--json"]));
+    assert!(
+        listed
+            .as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["key"] == long.as_str())
+    );
+}
+
+#[test]
+fn a_quoted_key_gets_a_hint_about_the_quotes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = fixture(dir.path());
+    let run = expect(1, &["get", p(&path), "\"order-7\"", "--scope", "tenant-a"]);
+    for expected in [
+        "the quotes are part of the key",
+        "there is a record without them",
+        "get PATH order-7 --scope tenant-a",
+    ] {
+        assert!(
+            run.stderr.contains(expected),
+            "{expected:?} in {}",
+            run.stderr
+        );
+    }
+    let run = expect(1, &["get", p(&path), "'no-such'"]);
+    assert!(run.stderr.contains("try without them"), "{}", run.stderr);
+    let run = expect(1, &["get", p(&path), "no-such"]);
+    assert!(!run.stderr.contains("quotes"), "{}", run.stderr);
 }

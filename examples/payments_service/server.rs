@@ -179,13 +179,21 @@ impl Payments {
             ),
             (&Method::GET, "/ledger", _) => self.ledger(),
             (&Method::GET, _, Some(id)) => self.show(id),
-            (_, "/payments" | "/ledger", _) | (_, _, Some(_)) => problem(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-                "use POST /payments, GET /payments/{id} or GET /ledger",
-            )
-            .to_http(),
+            (_, "/payments" | "/ledger", _) | (_, _, Some(_)) => {
+                let mut answer = problem(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method-not-allowed",
+                    "Method not allowed",
+                    "use POST /payments, GET /payments/{id} or GET /ledger",
+                )
+                .to_http();
+                // RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+                let allow = if path == "/payments" { "POST" } else { "GET" };
+                answer
+                    .headers_mut()
+                    .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+                answer
+            }
             _ => problem(StatusCode::NOT_FOUND, "not-found", "Not found", path).to_http(),
         }
     }
@@ -376,7 +384,9 @@ pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>
 
 /// Serves `handler` on `listen` with `threads` workers (also used by tests/http_flow.rs).
 pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
-    let listener = Arc::new(TcpListener::bind(listen)?);
+    let listener = Arc::new(
+        TcpListener::bind(listen).map_err(|err| format!("cannot listen on {listen}: {err}"))?,
+    );
     let addr = listener.local_addr()?;
     let stopping = Arc::new(AtomicBool::new(false));
     let workers = (0..threads.max(1))

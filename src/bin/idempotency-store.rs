@@ -7,16 +7,18 @@
 //! idempotency-store release PATH KEY [--scope S] [--yes]
 //! idempotency-store sweep   PATH
 //! idempotency-store verify  PATH
-//! idempotency-store export  PATH --jsonl
+//! idempotency-store export  PATH [--jsonl]
 //! ```
 //!
-//! Tables for people by default; `--json` prints JSON for scripts (`export` always prints JSON
-//! lines). Times in JSON are milliseconds since the Unix epoch (`*_ms`); in tables, UTC. Byte
+//! Full documentation: `docs/cli.md`. Tables for people by default; `--json` prints JSON for
+//! scripts, errors included (`export` always prints JSON lines). Times in JSON are milliseconds since the Unix epoch (`*_ms`); in tables, UTC. Byte
 //! strings (response bodies, header values, checkpoints) are standard padded base64 in JSON
 //! (`*_base64`); fingerprints are lowercase hex of the 32-byte digest plus the algorithm version.
 //!
-//! The file is never created: a missing path is an error. The file must not be open elsewhere
-//! (a running service holds it): stop the service, or work on a copy.
+//! The file is never created: a missing path is an error. The inspection commands (`stats`,
+//! `get`, `list`, `verify`, `export`) open it read-only and never change a byte of it, so they
+//! work on a read-only copy too; `release` and `sweep` write. The file must not be open in a
+//! running service (which holds it): stop the service, or work on a copy.
 //!
 //! PATH may instead be a `postgres://` or `postgresql://` URL (TLS by its `sslmode`, as
 //! `PgStore` reads it): every command then works on that database's `PgStore` table (in the
@@ -24,10 +26,10 @@
 //! database is shared with the running services, so nothing needs stopping; `list` and
 //! `export` walk the table in key order.
 //!
-//! Exit codes: 0 done; 1 done, but the answer is a problem (`verify` found problems or the file
-//! is damaged, `list`/`export` skipped damaged records, `get` found no record); 2 could not do
-//! it (usage error, missing file, file already open, unreadable store, `release` refused or
-//! aborted).
+//! Exit codes: 0 done (also `release` answered "no" at its prompt: nothing released); 1 done,
+//! but the answer is a problem (`verify` found problems or the file is damaged, `list`/`export`
+//! skipped damaged records, `get` found no record); 2 could not do it (usage error, missing
+//! file, file already open, unreadable store, `release` refused).
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -46,6 +48,8 @@ use serde_json::{Value, json};
 
 const EXIT_PROBLEM: u8 = 1;
 const EXIT_FAILED: u8 = 2;
+/// `list` cuts keys and scopes longer than this (characters) unless `--full`.
+const KEY_WIDTH: usize = 64;
 /// The longest body, header value or checkpoint shown as text in `get` (characters).
 const SHOW_TEXT: usize = 1000;
 
@@ -54,12 +58,18 @@ const SHOW_TEXT: usize = 1000;
     name = "idempotency-store",
     version,
     about = "Inspect and maintain an idempotency-store file (or PostgreSQL table: PATH = postgres://…)",
-    after_help = "Exit codes: 0 done; 1 problems found (verify, damaged records skipped, get: no \
-                  record); 2 could not do it (usage, missing file, already open, refused).\n\
-                  The file is never created, and must not be open in a running service."
+    after_help = "Exit codes: 0 done (release answered \"no\": nothing released); 1 problems \
+                  found (verify, damaged records skipped, get: no record); 2 could not do it \
+                  (usage, missing file, already open, refused).\n\
+                  With --json, an error is one JSON line on stderr: \
+                  {\"error\": \"...\", \"kind\": \"...\"}.\n\
+                  stats, get, list, verify and export open the file read-only and never change \
+                  it; release and sweep write. The file is never created, and must not be open \
+                  in a running service. Full documentation: docs/cli.md."
 )]
 struct Cli {
-    /// Print JSON for scripts instead of tables.
+    /// Print JSON for scripts instead of tables; errors and warnings become JSON lines on
+    /// stderr.
     #[arg(long, global = true)]
     json: bool,
     /// With a `postgres://` URL as PATH: the PostgreSQL schema holding the store's table.
@@ -87,6 +97,9 @@ enum Command {
         scope: Option<String>,
     },
     /// List records in storage order (all of them, expired ones included, unless filtered).
+    ///
+    /// Keys and scopes longer than 64 characters are cut to 63 and `…` in the table; `--full`
+    /// (or `get`, or `--json`) shows them whole.
     List {
         /// The store file.
         path: PathBuf,
@@ -100,13 +113,17 @@ enum Command {
         /// At most this many records.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
+        /// Show long keys and scopes whole instead of cutting them at 64 characters.
+        #[arg(long)]
+        full: bool,
     },
     /// Delete a key's in-progress record so that the next retry runs the operation afresh.
     ///
     /// DANGER: this bypasses the lease. If the attempt holding the key is still running, or its
     /// side effect already happened downstream, the retry runs the operation AGAIN (for example
     /// a second charge). Check downstream first. Completed records are never released. Asks for
-    /// confirmation on the terminal unless --yes.
+    /// confirmation on the terminal unless --yes; answering anything but y/yes releases
+    /// nothing and exits 0.
     Release {
         /// The store file.
         path: PathBuf,
@@ -139,8 +156,9 @@ enum Command {
     Export {
         /// The store file.
         path: PathBuf,
-        /// JSON lines (the only format so far; required so that others can be added).
-        #[arg(long, required = true)]
+        /// JSON lines: the default, and the only format so far (accepted so that scripts can
+        /// name it).
+        #[arg(long)]
         jsonl: bool,
     },
 }
@@ -158,15 +176,35 @@ enum StateFilter {
 /// Why a command ends with a non-zero exit code (or ends early because stdout was closed).
 struct Fail {
     code: u8,
+    /// What kind of failure, for scripts (`kind` in the JSON error; docs/cli.md lists them).
+    kind: &'static str,
     /// The one line printed to stderr after `error: `; `None` to end quietly.
     message: Option<String>,
 }
 
-fn fail(code: u8, message: impl Into<String>) -> Fail {
+fn fail(code: u8, kind: &'static str, message: impl Into<String>) -> Fail {
     Fail {
         code,
+        kind,
         message: Some(one_line(&message.into())),
     }
+}
+
+/// Whether `--json` was given: errors and warnings are then JSON lines.
+static JSON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn json_output() -> bool {
+    JSON.get().copied().unwrap_or(false)
+}
+
+/// An error line on stderr: `error: …`, or `{"error": …, "kind": …}` under `--json`.
+fn print_error(kind: &str, message: &str) {
+    let line = if json_output() {
+        json!({ "error": message, "kind": kind }).to_string()
+    } else {
+        format!("error: {message}")
+    };
+    let _ = writeln!(io::stderr(), "{line}");
 }
 
 impl From<io::Error> for Fail {
@@ -175,10 +213,11 @@ impl From<io::Error> for Fail {
             // The reader went away (`| head`): stop quietly, like other Unix tools.
             Fail {
                 code: 0,
+                kind: "output",
                 message: None,
             }
         } else {
-            fail(EXIT_FAILED, format!("writing the output: {err}"))
+            fail(EXIT_FAILED, "output", format!("writing the output: {err}"))
         }
     }
 }
@@ -191,28 +230,49 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|_| {}));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(EXIT_FAILED));
-        }
+        Err(err) => return usage_error(&err),
     };
+    let _ = JSON.set(cli.json);
     let result = std::panic::catch_unwind(|| run(&cli)).unwrap_or_else(|payload| {
         let text = payload
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        Err(fail(EXIT_FAILED, format!("internal error: {text}")))
+        Err(fail(
+            EXIT_FAILED,
+            "internal",
+            format!("internal error: {text}"),
+        ))
     });
     match result {
         Ok(code) => code,
-        Err(Fail { code, message }) => {
+        Err(Fail {
+            code,
+            kind,
+            message,
+        }) => {
             if let Some(message) = message {
-                let _ = writeln!(io::stderr(), "error: {message}");
+                print_error(kind, &message);
             }
             ExitCode::from(code)
         }
     }
+}
+
+/// Prints clap's answer (usage error, or `--help`/`--version` on stdout, exit 0); a usage
+/// error is a JSON line if `--json` is among the arguments.
+fn usage_error(err: &clap::Error) -> ExitCode {
+    let code = ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(EXIT_FAILED));
+    if err.use_stderr() && std::env::args_os().any(|arg| arg == "--json") {
+        let _ = JSON.set(true);
+        let text = err.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        print_error("usage", first.strip_prefix("error: ").unwrap_or(first));
+    } else {
+        let _ = err.print();
+    }
+    code
 }
 
 fn run(cli: &Cli) -> Outcome {
@@ -227,7 +287,15 @@ fn run(cli: &Cli) -> Outcome {
             state,
             stuck,
             limit,
-        } => list(&mut out, cli.json, path, *state, *stuck, *limit),
+            full,
+        } => {
+            let filter = Filter {
+                state: *state,
+                stuck: *stuck,
+                limit: *limit,
+            };
+            list(&mut out, cli.json, path, filter, *full)
+        }
         Command::Release {
             path,
             key,
@@ -248,7 +316,7 @@ fn run(cli: &Cli) -> Outcome {
 // ----- commands -------------------------------------------------------------------------------
 
 fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    let store = open(path)?;
+    let store = open(path, Access::Inspect)?;
     let s: Stats = store.stats().map_err(|e| store_fail(path, &e))?;
     let total = s.in_progress + s.completed + s.expired;
     if as_json {
@@ -289,12 +357,17 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 
 fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option<&str>) -> Outcome {
     let key = make_key(key, scope)?;
-    let store = open(path)?;
+    let store = open(path, Access::Inspect)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let Some(record) = store.inspect(&key).map_err(|e| store_fail(path, &e))? else {
         return Err(fail(
             EXIT_PROBLEM,
-            format!("no record for key {}", shown(&key)),
+            "no-record",
+            format!(
+                "no record for key {}{}",
+                shown(&key),
+                quote_hint(&store, &key, "get")
+            ),
         ));
     };
     if as_json {
@@ -371,21 +444,27 @@ fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option
     Ok(ExitCode::SUCCESS)
 }
 
-fn list(
-    out: &mut dyn Write,
-    as_json: bool,
-    path: &Path,
+/// Which records `list` shows.
+struct Filter {
     state: Option<StateFilter>,
     stuck: bool,
     limit: Option<usize>,
-) -> Outcome {
+}
+
+fn list(out: &mut dyn Write, as_json: bool, path: &Path, filter: Filter, full: bool) -> Outcome {
+    let Filter {
+        state,
+        stuck,
+        limit,
+    } = filter;
     if stuck && matches!(state, Some(StateFilter::Completed | StateFilter::Expired)) {
         return Err(fail(
             EXIT_FAILED,
+            "usage",
             "--stuck selects in-progress records; it cannot be combined with that --state",
         ));
     }
-    let store = open(path)?;
+    let store = open(path, Access::Inspect)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let limit = limit.unwrap_or(usize::MAX);
     let mut shown = Vec::new();
@@ -426,6 +505,13 @@ fn list(
     } else if shown.is_empty() {
         writeln!(out, "no matching records")?;
     } else {
+        let width = if full { usize::MAX } else { KEY_WIDTH };
+        let mut cut = false;
+        let mut fit = |text: &str| {
+            let (text, was_cut) = truncate(text, width);
+            cut |= was_cut;
+            text
+        };
         let rows: Vec<Vec<String>> = shown
             .iter()
             .map(|e| {
@@ -439,8 +525,8 @@ fn list(
                     _ => ("-".into(), "-".into()),
                 };
                 vec![
-                    e.key.key().to_owned(),
-                    e.key.scope().unwrap_or("-").to_owned(),
+                    fit(e.key.key()),
+                    fit(e.key.scope().unwrap_or("-")),
                     label(r, now).to_owned(),
                     r.attempt.to_string(),
                     utc(r.created_at),
@@ -464,6 +550,12 @@ fn list(
             ],
             &rows,
         )?;
+        if cut {
+            warn(&format!(
+                "keys or scopes longer than {KEY_WIDTH} characters are cut short (…); \
+                 `--full` shows them whole, `get` shows one record"
+            ));
+        }
     }
     if more {
         warn(&format!(
@@ -482,18 +574,24 @@ fn release(
     yes: bool,
 ) -> Outcome {
     let key = make_key(key, scope)?;
-    let store = open(path)?;
+    let store = open(path, Access::Write)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let record = store.inspect(&key).map_err(|e| store_fail(path, &e))?;
     let Some(record) = record.filter(|r| r.expires_at > now) else {
         return Err(fail(
             EXIT_FAILED,
-            format!("no record for key {} (nothing to release)", shown(&key)),
+            "no-record",
+            format!(
+                "no record for key {} (nothing to release){}",
+                shown(&key),
+                quote_hint(&store, &key, "release")
+            ),
         ));
     };
     let Some(lease_until) = lease(&record) else {
         return Err(fail(
             EXIT_FAILED,
+            "refused",
             format!(
                 "refusing to release key {}: it is completed and replays its response; \
                  release only un-sticks in-progress keys",
@@ -505,6 +603,7 @@ fn release(
         if !io::stdin().is_terminal() {
             return Err(fail(
                 EXIT_FAILED,
+                "refused",
                 format!(
                     "refusing to release key {} without confirmation: stdin is not a terminal; \
                      check downstream, then pass --yes",
@@ -539,7 +638,14 @@ fn release(
         let mut answer = String::new();
         io::stdin().lock().read_line(&mut answer)?;
         if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            return Err(fail(EXIT_FAILED, "aborted; nothing was changed"));
+            // The operator's decision, not a failure.
+            if as_json {
+                let value = json!({ "released": false, "key": key.key(), "scope": key.scope() });
+                writeln!(out, "{value}")?;
+            } else {
+                writeln!(out, "nothing released")?;
+            }
+            return Ok(ExitCode::SUCCESS);
         }
     }
     match store
@@ -571,6 +677,7 @@ fn release(
         }
         ForceRelease::Completed => Err(fail(
             EXIT_FAILED,
+            "refused",
             format!(
                 "key {} completed meanwhile; nothing was changed",
                 shown(&key)
@@ -578,13 +685,14 @@ fn release(
         )),
         _ => Err(fail(
             EXIT_FAILED,
+            "refused",
             format!("key {} is gone meanwhile; nothing was changed", shown(&key)),
         )),
     }
 }
 
 fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    let store = open(path)?;
+    let store = open(path, Access::Write)?;
     let mut total = 0u64;
     // The bar appears only once a second batch is needed (long work), on a terminal.
     let mut bar: Option<ProgressBar> = None;
@@ -615,6 +723,7 @@ fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
     if let Err(err) = result {
         return Err(fail(
             EXIT_FAILED,
+            error_kind(&err),
             format!(
                 "{}: {} (after deleting {total} expired records)",
                 shown_path(path),
@@ -637,7 +746,9 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         Some(url) => pg_store(url).and_then(|store| store.verify()),
         None => {
             check_exists(path)?;
-            Store::open(path).and_then(|store| store.verify())
+            Store::builder()
+                .open_read_only(path)
+                .and_then(|store| store.verify())
         }
     };
     let opened = walked.is_ok();
@@ -698,6 +809,7 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         let n = report.problems.len();
         Err(fail(
             EXIT_PROBLEM,
+            "problems",
             format!(
                 "{}: {n} problem{} found",
                 shown_path(path),
@@ -708,7 +820,7 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 }
 
 fn export(out: &mut dyn Write, path: &Path) -> Outcome {
-    let store = open(path)?;
+    let store = open(path, Access::Inspect)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let mut damaged = 0u64;
     for item in store.records().map_err(|e| store_fail(path, &e))? {
@@ -730,14 +842,20 @@ fn check_exists(path: &Path) -> Result<(), Fail> {
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(fail(
             EXIT_FAILED,
+            "not-a-file",
             format!("{}: is a directory, not a store file", path.display()),
         )),
         Ok(_) => Ok(()),
         Err(err) if err.kind() == io::ErrorKind::NotFound => Err(fail(
             EXIT_FAILED,
+            "no-file",
             format!("{}: no such file", path.display()),
         )),
-        Err(err) => Err(fail(EXIT_FAILED, format!("{}: {err}", path.display()))),
+        Err(err) => Err(fail(
+            EXIT_FAILED,
+            "storage",
+            format!("{}: {err}", path.display()),
+        )),
     }
 }
 
@@ -823,16 +941,28 @@ fn pg_store(url: &str) -> Result<PgStore, Error> {
         .connect(url)
 }
 
-fn open(path: &Path) -> Result<Target, Fail> {
+/// What a command does with the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Only reads: a file is opened read-only and never changed.
+    Inspect,
+    /// Writes (`release`, `sweep`).
+    Write,
+}
+
+fn open(path: &Path, access: Access) -> Result<Target, Fail> {
     if let Some(url) = postgres_url(path) {
         return pg_store(url)
             .map(|store| Target::Pg(Box::new(store)))
             .map_err(|e| store_fail(path, &e));
     }
     check_exists(path)?;
-    Store::open(path)
-        .map(|store| Target::File(Box::new(store)))
-        .map_err(|e| store_fail(path, &e))
+    match access {
+        Access::Inspect => Store::builder().open_read_only(path),
+        Access::Write => Store::open(path),
+    }
+    .map(|store| Target::File(Box::new(store)))
+    .map_err(|e| store_fail(path, &e))
 }
 
 /// `path` for messages: a URL without its password.
@@ -862,7 +992,54 @@ fn store_fail(path: &Path, err: &Error) -> Fail {
         ),
         other => format!("{}: {}", shown_path(path), describe(other)),
     };
-    fail(EXIT_FAILED, message)
+    fail(EXIT_FAILED, error_kind(err), message)
+}
+
+/// The `kind` of a library error in a JSON error line.
+fn error_kind(err: &Error) -> &'static str {
+    match err {
+        Error::AlreadyOpen => "already-open",
+        Error::NotAStore { .. } => "not-a-store",
+        Error::Corrupted { .. } => "corrupted",
+        Error::InvalidKey { .. } => "invalid-key",
+        _ => "storage",
+    }
+}
+
+/// For a key that was not found and is wrapped in quotes: a hint that the quotes are part of
+/// it. An `Idempotency-Key` header carries the key as a quoted string, and the HTTP mapping
+/// stores it without the quotes; copied from the header, the quotes come along.
+fn quote_hint(store: &Target, key: &Key, command: &str) -> String {
+    let text = key.key();
+    let inner = ['"', '\''].iter().find_map(|&q| {
+        text.strip_prefix(q)
+            .and_then(|rest| rest.strip_suffix(q))
+            .filter(|inner| !inner.is_empty())
+    });
+    let Some(inner) = inner else {
+        return String::new();
+    };
+    let bare = match key.scope() {
+        Some(scope) => Key::scoped(scope, inner),
+        None => Key::new(inner),
+    };
+    let found = bare
+        .ok()
+        .and_then(|bare| store.inspect(&bare).ok())
+        .is_some_and(|record| record.is_some());
+    let scope = key
+        .scope()
+        .map(|scope| format!(" --scope {scope}"))
+        .unwrap_or_default();
+    format!(
+        "; the quotes are part of the key you gave: an Idempotency-Key header quotes its key, \
+         and the store keeps it without the quotes ({}: {command} PATH {inner}{scope})",
+        if found {
+            "there is a record without them"
+        } else {
+            "try without them"
+        }
+    )
 }
 
 /// The error and its causes on one line.
@@ -885,8 +1062,15 @@ fn one_line(text: &str) -> String {
         .join("; ")
 }
 
+/// A warning line on stderr: `warning: …`, or `{"warning": …}` under `--json`.
 fn warn(message: &str) {
-    let _ = writeln!(io::stderr(), "warning: {}", one_line(message));
+    let message = one_line(message);
+    let line = if json_output() {
+        json!({ "warning": message }).to_string()
+    } else {
+        format!("warning: {message}")
+    };
+    let _ = writeln!(io::stderr(), "{line}");
 }
 
 fn damaged_outcome(damaged: u64) -> Outcome {
@@ -895,6 +1079,7 @@ fn damaged_outcome(damaged: u64) -> Outcome {
     }
     Err(fail(
         EXIT_PROBLEM,
+        "damaged",
         format!(
             "{damaged} damaged record{} skipped; run `idempotency-store verify`",
             plural(damaged)
@@ -907,7 +1092,7 @@ fn make_key(key: &str, scope: Option<&str>) -> Result<Key, Fail> {
         Some(scope) => Key::scoped(scope, key),
         None => Key::new(key),
     }
-    .map_err(|e| fail(EXIT_FAILED, describe(&e)))
+    .map_err(|e| fail(EXIT_FAILED, "invalid-key", describe(&e)))
 }
 
 // ----- records --------------------------------------------------------------------------------
@@ -988,6 +1173,16 @@ fn record_json(key: &Key, record: &RecordView, now: Timestamp, full: bool) -> Va
         map.insert("response".into(), response);
     }
     value
+}
+
+/// `text` cut to `width` characters, its last one `…`, and whether it was cut.
+fn truncate(text: &str, width: usize) -> (String, bool) {
+    if text.chars().count() <= width {
+        return (text.to_owned(), false);
+    }
+    let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    (cut, true)
 }
 
 fn shown(key: &Key) -> String {

@@ -54,6 +54,9 @@ pub(crate) struct Config {
     pub portable_log_sync: bool,
     /// The caller's tables that effects write.
     pub effects: Arc<Registry>,
+    /// Opened read-only: every write call is refused, the close merges nothing, and the log's
+    /// rows of unregistered effect tables are skipped (see `open::open_read_only`).
+    pub read_only: bool,
 }
 
 pub(crate) struct Engine {
@@ -111,7 +114,7 @@ impl Engine {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
             crate::api::trace::recovered(entries.len());
-            wal::redo(&txn, entries, &config.effects)?;
+            wal::redo(&txn, entries, &config.effects, config.read_only)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
             Writer {
@@ -239,6 +242,7 @@ impl Engine {
 
     /// Runs `write` in a group-commit batch and returns its result once the batch is durable.
     pub(crate) fn write<W: Write>(&self, write: W) -> Result<W::Output> {
+        self.writable()?;
         not_in_effect()?;
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
@@ -249,12 +253,21 @@ impl Engine {
 
     /// Deletes up to `limit` expired records in a transaction of their own.
     pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
+        self.writable()?;
         not_in_effect()?;
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::sweep(limit, Arc::clone(&slot));
         self.committer
             .submit(job, &slot, |batch| self.run_batch(batch))
+    }
+
+    /// `Err(Error::ReadOnly)` for a store opened read-only.
+    pub(crate) fn writable(&self) -> Result<()> {
+        if self.config.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
     }
 
     /// Runs one batch; `Ok` once it is durable.
@@ -517,6 +530,7 @@ impl Engine {
         complete: Complete,
         effect: impl FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     ) -> Result<std::result::Result<(), E>> {
+        self.writable()?;
         not_in_effect()?;
         let mut writer = self.writer.lock();
         let txn = contain_then(
@@ -563,17 +577,12 @@ impl Engine {
         if self.db.is_none() {
             return Ok(());
         }
-        let merge = contain_then(
-            "closing the store",
-            || {
-                let mut writer = self.writer.lock();
-                self.flush_overlay(&mut writer)?;
-                let txn = self.db()?.begin_write()?;
-                let counters = writer.counters;
-                self.commit_durably(txn, &mut writer, counters)
-            },
-            |err| self.poison_after(err),
-        );
+        // A read-only store wrote nothing but its open's replay, into memory: nothing to merge.
+        let merge = if self.config.read_only {
+            Ok(())
+        } else {
+            self.final_merge()
+        };
         // The thread holds the database too: it must be gone before the database is closed.
         self.flusher.stop();
         let closed = match self.db.take() {
@@ -585,6 +594,21 @@ impl Engine {
             None => Ok(()),
         };
         merge.and(closed)
+    }
+
+    /// The close's merge, so that the next open has no log to replay.
+    fn final_merge(&mut self) -> Result<()> {
+        contain_then(
+            "closing the store",
+            || {
+                let mut writer = self.writer.lock();
+                self.flush_overlay(&mut writer)?;
+                let txn = self.db()?.begin_write()?;
+                let counters = writer.counters;
+                self.commit_durably(txn, &mut writer, counters)
+            },
+            |err| self.poison_after(err),
+        )
     }
 }
 

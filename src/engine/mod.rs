@@ -7,6 +7,7 @@ pub(crate) mod batch;
 pub(crate) mod codec;
 pub(crate) mod commit;
 pub(crate) mod contain;
+pub(crate) mod cow;
 pub(crate) mod effects;
 pub(crate) mod flush;
 pub(crate) mod handle;

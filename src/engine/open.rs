@@ -4,7 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use redb::StorageBackend;
+
 use crate::engine::contain::contain;
+use crate::engine::cow::CowFile;
 use crate::engine::handle::{Config, Engine};
 use crate::engine::layout::{self, Storage, Tail};
 use crate::engine::poison::{Guarded, Poison};
@@ -20,6 +23,30 @@ pub(crate) fn open_file(path: &Path, config: Config) -> Result<Engine> {
             check_same_file(path, id, file_id(log.file())?)?;
         }
         open(storage, log_writer, config)
+    })
+}
+
+/// Opens the store file at `path` read-only: the file is opened for reading only and seen
+/// through a copy-on-write layer in memory ([`CowFile`]), so the open (redb's repair after a
+/// crash, the log's replay) runs as always but never writes a byte to the file.
+pub(crate) fn open_read_only(path: &Path, config: Config) -> Result<Engine> {
+    contain("opening the store", || {
+        let opening = |err| Error::storage("opening the store file", err);
+        let file = std::fs::File::open(path).map_err(|err| match err.kind() {
+            std::io::ErrorKind::NotFound => Error::NotAStore {
+                reason: format!(
+                    "there is no store file at {} (a read-only open never creates one)",
+                    path.display()
+                ),
+            },
+            _ => opening(err),
+        })?;
+        let storage = CowFile::new(file).map_err(opening)?;
+        // An empty file would be laid out as a new store, in memory.
+        if storage.len().map_err(opening)? == 0 {
+            return Err(empty_file(path));
+        }
+        open(Arc::new(storage), None, config)
     })
 }
 
@@ -75,14 +102,7 @@ fn open_storage_file(path: &Path, create: bool) -> Result<(Storage, FileId)> {
     // A new file is laid out by `layout::open`; an existing one cut to nothing must not silently
     // come back empty (every retry would run again).
     if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
-        return Err(Error::NotAStore {
-            reason: format!(
-                "{} is empty (0 bytes): if its creation was cut short, no call ever used it; \
-                 delete it and the store will create it again. Otherwise it was truncated: \
-                 restore it from a backup",
-                path.display()
-            ),
-        });
+        return Err(empty_file(path));
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -96,6 +116,17 @@ fn open_storage_file(path: &Path, create: bool) -> Result<(Storage, FileId)> {
     }
     let id = file_id(&file)?;
     Ok((Arc::new(redb::backends::FileBackend::new(file)?), id))
+}
+
+fn empty_file(path: &Path) -> Error {
+    Error::NotAStore {
+        reason: format!(
+            "{} is empty (0 bytes): if its creation was cut short, no call ever used it; \
+             delete it and the store will create it again. Otherwise it was truncated: \
+             restore it from a backup",
+            path.display()
+        ),
+    }
 }
 
 /// Makes a new file's name durable: strict POSIX may otherwise lose the directory entry in a

@@ -505,11 +505,13 @@ impl Log {
     }
 }
 
-/// Applies logged changes in `txn`, in order.
+/// Applies logged changes in `txn`, in order. Rows of effect tables not in `registry` fail
+/// with `Error::EffectTable`, or are left out with `skip_unregistered`.
 pub(crate) fn redo(
     txn: &WriteTransaction,
     entries: Vec<Vec<Change>>,
     registry: &Registry,
+    skip_unregistered: bool,
 ) -> Result<()> {
     let mut records = txn.open_table(RECORDS)?;
     let mut expiry = txn.open_table(EXPIRY)?;
@@ -527,9 +529,15 @@ pub(crate) fn redo(
             }
             Change::DropEntry { expires_at, hash } => drop(expiry.remove((expires_at, hash))?),
             Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
-            Change::Effect { table, key, value } => registry
-                .table(registry.position(&table)?)?
-                .write(txn, &[(&key, value.as_deref())])?,
+            Change::Effect { table, key, value } => match registry.position(&table) {
+                Ok(at) => registry
+                    .table(at)?
+                    .write(txn, &[(&key, value.as_deref())])?,
+                // A read-only open cannot redo a row without its table's types; the store's
+                // own tables do not depend on it.
+                Err(_) if skip_unregistered => {}
+                Err(err) => return Err(err),
+            },
         }
     }
     Ok(())

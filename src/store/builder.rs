@@ -286,6 +286,70 @@ impl StoreBuilder {
         Ok(Store::new(engine, self.clone(), Some(path.to_path_buf())))
     }
 
+    /// Opens the store file at `path` for reading only, for inspection (the CLI's `stats`,
+    /// `list`, `get`, `verify` and `export` use it): the file is opened read-only (`O_RDONLY`
+    /// on Unix) and never written, not even by the open, so it works on a read-only file and
+    /// leaves a file under investigation byte for byte as it was.
+    ///
+    /// The store sees what a writable open would: an open after a crash repairs redb's part and
+    /// replays the log as always, but into memory: a copy-on-write layer over the file holds
+    /// every page the open changed (redb's header and, after a crash, the pages its repair and
+    /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](Store::lookup), claims that only replay or
+    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](Store::records),
+    /// [`inspect`](Store::inspect), [`metrics`](Store::metrics). Every call that would write
+    /// (a claim that would take a key, [`complete`](Store::complete),
+    /// [`release`](Store::release), [`heartbeat`](Store::heartbeat),
+    /// [`checkpoint`](Store::checkpoint), [`sweep`](Store::sweep),
+    /// [`force_release`](Store::force_release), the `complete_with` calls) fails with
+    /// [`Error::ReadOnly`], and [`start_sweeper`](Store::start_sweeper) starts no thread.
+    /// The file is never created.
+    ///
+    /// Effect tables: rows the log holds for tables registered with
+    /// [`effect_table`](StoreBuilder::effect_table) are replayed as in a writable open; rows of
+    /// tables not registered are left out (their types are unknown), where a writable open
+    /// refuses the file with [`Error::EffectTable`]. The store's own records never depend on
+    /// them.
+    ///
+    /// The open takes a shared lock on the file: read-only opens may share it, but not with a
+    /// writable open (on Linux, where redb's writer also locks the whole file, each makes the
+    /// other fail with [`Error::AlreadyOpen`]), so it never reads a file being written.
+    ///
+    /// ```
+    /// use idempotency_store::{Error, Fingerprint, Key, Store, Claim};
+    ///
+    /// let dir = tempfile::tempdir().expect("temp dir");
+    /// let path = dir.path().join("store.redb");
+    /// let key = Key::new("order-1")?;
+    /// let store = Store::open(&path)?;
+    /// let Claim::Acquired(_lease) = store.claim(&key, Fingerprint::of(["a"]))? else { unreachable!() };
+    /// store.close()?;
+    ///
+    /// let before = std::fs::read(&path).expect("read");
+    /// let inspect = Store::builder().open_read_only(&path)?;
+    /// assert!(inspect.lookup(&key)?.is_some());
+    /// let other = Key::new("order-2")?;
+    /// assert!(matches!(inspect.claim(&other, Fingerprint::of(["b"])), Err(Error::ReadOnly)));
+    /// drop(inspect);
+    /// assert_eq!(std::fs::read(&path).expect("read"), before);
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::NotAStore`] if there is no file at `path`, it is empty or holds something
+    /// else; [`Error::AlreadyOpen`] if a writable store has it open; [`Error::Corrupted`] or
+    /// [`Error::Storage`] if it cannot be read, and [`Error::InvalidConfig`] for an
+    /// out-of-range setting.
+    pub fn open_read_only(&self, path: impl AsRef<Path>) -> Result<Store> {
+        self.validate()?;
+        let path = path.as_ref();
+        let config = Config {
+            read_only: true,
+            ..self.engine_config()
+        };
+        let engine = open::open_read_only(path, config)?;
+        Ok(Store::new(engine, self.clone(), Some(path.to_path_buf())))
+    }
+
     /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
     ///
     /// # Errors
@@ -324,6 +388,7 @@ impl StoreBuilder {
             create_if_missing: self.create_if_missing,
             portable_log_sync: self.portable_log_sync,
             effects: Arc::new(self.effects.clone()),
+            read_only: false,
         }
     }
 

@@ -59,6 +59,9 @@ impl Store {
     /// [`Sweeper::errors`] show what it met. A poisoned store keeps failing until it is
     /// reopened, so a sweeper that keeps reporting [`Error::Poisoned`] calls for a reopen.
     ///
+    /// On a store opened read-only no thread starts: [`Sweeper::last_error`] and
+    /// [`Sweeper::stop`] give [`Error::ReadOnly`].
+    ///
     /// The returned [`Sweeper`] stops and joins the thread when dropped; [`Sweeper::stop`]
     /// does the same and reports the outcome.
     ///
@@ -76,6 +79,14 @@ impl Store {
     #[must_use = "dropping the Sweeper stops it"]
     pub fn start_sweeper(self: &Arc<Self>, interval: Duration, batch: usize) -> Sweeper {
         let signal = Arc::new(Signal::default());
+        if let Err(err) = self.engine.writable() {
+            // Every sweep would fail: no thread, and the error where the sweeper shows its own.
+            signal.health.lock().last_error = Some(err.clone());
+            return Sweeper {
+                signal,
+                thread: Some(Err(err)),
+            };
+        }
         let store = Arc::clone(self);
         let thread_signal = Arc::clone(&signal);
         let thread = std::thread::Builder::new()
