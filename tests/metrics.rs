@@ -172,6 +172,78 @@ fn redb_counts_claim_wait_timeouts() {
     assert_eq!(m.claims.in_progress, 1 + m.waits);
 }
 
+/// `claim_wait` on a key held throughout, then on one completed while it waits: each pause
+/// counts as a wait, giving up at the deadline as a timeout, and every claim it made behind
+/// them as an in-progress answer. Returns the waits of the 200 ms wait and of the one that
+/// ended in a replay, which depend on the backend (the redb store sleeps on a condvar, the
+/// trait's default polls with a backoff).
+fn drive_waits<S: IdempotencyStore + Sync>(
+    store: &S,
+    metrics: impl Fn() -> Metrics + Sync,
+) -> (u64, u64) {
+    let k = key("busy");
+    let lease = acquire(store, &k);
+
+    let before = metrics();
+    let claim = store.claim_wait(&k, fp("a"), Duration::ZERO);
+    assert!(matches!(claim, Ok(Claim::InProgress { .. })), "{claim:?}");
+    let m = metrics();
+    assert_eq!(m.wait_timeouts - before.wait_timeouts, 1);
+    assert_eq!(
+        m.waits - before.waits,
+        0,
+        "no time to wait: it never blocked"
+    );
+    assert_eq!(m.claims.in_progress - before.claims.in_progress, 1);
+
+    let before = m;
+    let claim = store.claim_wait(&k, fp("a"), Duration::from_millis(200));
+    assert!(matches!(claim, Ok(Claim::InProgress { .. })), "{claim:?}");
+    let m = metrics();
+    let timed_out = m.waits - before.waits;
+    assert_eq!(m.wait_timeouts - before.wait_timeouts, 1);
+    assert_eq!(
+        m.claims.in_progress - before.claims.in_progress,
+        timed_out + 1,
+        "one claim before each wait, and the last one at the deadline"
+    );
+
+    let before = m;
+    let claim = std::thread::scope(|s| {
+        let waiter = s.spawn(|| store.claim_wait(&k, fp("a"), Duration::from_secs(60)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while metrics().waits == before.waits {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never waited"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        store
+            .complete(&lease, Response::new(201, "ok"))
+            .expect("complete");
+        waiter.join().expect("waiter")
+    });
+    assert!(matches!(claim, Ok(Claim::Completed(_))), "{claim:?}");
+    let m = metrics();
+    let replayed = m.waits - before.waits;
+    assert_eq!(m.wait_timeouts, before.wait_timeouts, "it did not time out");
+    assert_eq!(m.claims.replayed - before.claims.replayed, 1);
+    assert_eq!(
+        m.claims.in_progress - before.claims.in_progress,
+        replayed,
+        "one in-progress claim before each wait, then the replay"
+    );
+    (timed_out, replayed)
+}
+
+#[test]
+fn redb_counts_claim_wait_waits_exactly() {
+    let (store, _clock) = open_redb(&mut Store::builder());
+    // The condvar wakes a waiter at its deadline or at the settling call, never before.
+    assert_eq!(drive_waits(&store, || store.metrics()), (1, 1));
+}
+
 #[test]
 fn redb_reports_merges_file_size_and_the_sweeper() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -259,6 +331,34 @@ fn postgres_counts_each_outcome() {
     let m = store.metrics();
     assert_eq!((m.quota_refusals, m.errors.quota_exceeded), (1, 1));
     assert_eq!(m.claims.acquired, 1);
+    drop(store);
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_counts_claim_wait_waits_and_timeouts() {
+    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
+        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+        return;
+    };
+    let schema = format!("metrics_wait_{}", std::process::id());
+    let admin = |sql: &str| {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        client.batch_execute(sql).expect("admin sql");
+    };
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let store = idempotency_store::PgStore::builder()
+        .schema(schema.as_str())
+        .lease(LEASE)
+        .pool_size(2)
+        .connect(&url)
+        .expect("connect");
+    let (timed_out, replayed) = drive_waits(&store, || store.metrics());
+    // It re-claims after pauses of 10, 20, 40 and 80 ms and then the rest of the 200 ms, so
+    // it paused one to five times.
+    assert!((1..=5).contains(&timed_out), "{timed_out}");
+    assert!(replayed >= 1, "{replayed}");
     drop(store);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
 }
