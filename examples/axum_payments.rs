@@ -92,7 +92,8 @@ fn metrics_route(store: Arc<Store>) -> Result<Router, BoxError> {
     let render = move || {
         let _gauges = store.metrics(); // sets the overlay and file-size gauges
         let text = prometheus.render();
-        async move { text }
+        let content_type = [(http::header::CONTENT_TYPE, server::PROMETHEUS_TEXT)];
+        async move { (content_type, text) }
     };
     Ok(Router::new().route("/metrics", get(render)))
 }

@@ -15,7 +15,8 @@
 //!
 //! It prints `listening on http://ADDR` once it serves. Kill it with `kill -9` at any moment
 //! and start it again on the same file: every retry gets the first answer, and the ledger
-//! holds one charge per key.
+//! holds one charge per key. `GET /metrics` answers the store's metrics in the Prometheus text
+//! format (README, "Metrics").
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -34,7 +35,7 @@ use server::{BoxError, Payments};
 
 /// A payments HTTP server over one store file: `POST /payments` charges once per
 /// Idempotency-Key, whatever the retries, crashes and restarts; `GET /payments/{id}` and
-/// `GET /ledger` read the charges.
+/// `GET /ledger` read the charges; `GET /metrics` shows the store's metrics.
 #[derive(Debug, Parser)]
 #[command(name = "payments_server", version, after_help = options::AFTER_HELP)]
 pub struct Args {
@@ -69,7 +70,12 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), BoxError> {
 /// Opens the store and serves until the process ends.
 pub fn serve(args: &Args) -> Result<(), BoxError> {
     let store = args.serve.open_store()?;
-    let payments = Payments::open(store, args.serve.service(args.threads))?;
+    // The process's one global recorder, so that the store's counts reach `GET /metrics`.
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
+    let payments = Payments::open(store, args.serve.service(args.threads))?
+        .with_metrics_page(move || prometheus.render());
     let running = server::start(payments, &args.serve.listen)?;
     println!("listening on http://{}", running.addr());
     std::io::stdout().flush()?;

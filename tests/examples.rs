@@ -1,6 +1,8 @@
 //! The example programs as a newcomer meets them: `--help` prints the usage and exits 0, a bad
-//! option's error names the option, and both payments servers answer 405 with the `Allow`
-//! header (RFC 9110 §15.5.6).
+//! option's error names the option, both payments servers answer 405 with the `Allow`
+//! header (RFC 9110 §15.5.6), and both serve `GET /metrics` in the Prometheus text format
+//! after a replay, a conflict and a mismatch (each server a child process, since a process
+//! has one global metrics recorder).
 //!
 //! The servers' option parsing is checked in this process (their files are compiled in);
 //! the built binaries are run too when `cargo test` has built them (it builds the examples
@@ -11,10 +13,10 @@
 // program of its own; here both are in one crate.
 #![allow(clippy::duplicate_mod)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +27,10 @@ mod payments_server;
 #[allow(dead_code)]
 #[path = "../examples/axum_payments.rs"]
 mod axum_payments;
+
+#[allow(dead_code)]
+#[path = "../examples/payments_service/client.rs"]
+mod client;
 
 /// The options every payments server documents in `--help`.
 const SERVER_OPTIONS: [&str; 5] = ["--db", "--listen", "--wait-ms", "--lease-ms", "--delay-ms"];
@@ -233,5 +239,164 @@ fn every_example_that_takes_options_answers_help_with_exit_0() {
             stderr.contains("invalid value 'abc' for '--wait-ms <MS>'"),
             "{stderr}"
         );
+    }
+}
+
+// ---------------------------------------------------------------- GET /metrics, in children
+
+const CHILD_SERVER: &str = "EXAMPLES_CHILD_SERVER";
+const CHILD_DB: &str = "EXAMPLES_CHILD_DB";
+
+/// Not a test on its own: the parent runs this binary with `CHILD_SERVER` (a name in
+/// `SERVERS`) and `CHILD_DB` set, and this function then serves until it is killed, with a
+/// charge slow enough for a duplicate to arrive while it runs. Without them it returns at once.
+#[test]
+fn example_server_child() {
+    let (Ok(name), Ok(db)) = (std::env::var(CHILD_SERVER), std::env::var(CHILD_DB)) else {
+        return;
+    };
+    let (_, run, _) = SERVERS
+        .into_iter()
+        .find(|(server, _, _)| *server == name)
+        .expect("a server of SERVERS");
+    let options = [
+        "--db",
+        &db,
+        "--listen",
+        "127.0.0.1:0",
+        "--wait-ms",
+        "0",
+        "--delay-ms",
+        "1000",
+    ];
+    run(args(&options)).expect("serve");
+}
+
+/// An example server in a child process, killed when dropped.
+struct ChildServer {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl ChildServer {
+    fn start(name: &str, db: &std::path::Path) -> ChildServer {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "example_server_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_SERVER, name)
+            .env(CHILD_DB, db)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the server");
+        // Read in a thread, so that a server that never comes up fails the test instead of
+        // hanging it, and go on draining so the child never blocks on the pipe.
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                // libtest may have printed "test example_server_child ... " on the same line.
+                if let Some((_, addr)) = line.split_once("listening on http://") {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{name} did not start listening within 60 s"))
+            .parse()
+            .expect("address");
+        ChildServer { child, addr }
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of the one sample of `name` whose labels include every one of `labels` (as
+/// `key="value"`) in a Prometheus text page.
+fn sample(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let mut found = page.lines().filter_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (metric, rest) = series.split_once('{')?;
+        let wanted = metric == name && labels.iter().all(|label| rest.contains(label));
+        wanted.then(|| value.parse::<f64>().ok()).flatten()
+    });
+    let value = found.next();
+    assert!(
+        found.next().is_none(),
+        "{name} {labels:?} twice in:\n{page}"
+    );
+    value
+}
+
+#[test]
+fn both_servers_serve_metrics_after_a_replay_a_conflict_and_a_mismatch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
+    let other = r#"{"amount": 1, "currency": "usd", "customerId": "cus_123"}"#;
+    let servers: Vec<ChildServer> = SERVERS
+        .iter()
+        .map(|(name, _, _)| ChildServer::start(name, &dir.path().join(format!("{name}.redb"))))
+        .collect();
+    for ((name, _, _), server) in SERVERS.iter().zip(&servers) {
+        let http = client::Client::new(server.addr);
+        let post = |body: &str| http.post("/payments", Some("order-1"), body).expect("post");
+        let (first, duplicate) = std::thread::scope(|s| {
+            let first = s.spawn(|| post(body));
+            // The first holds the key for its one-second charge.
+            std::thread::sleep(Duration::from_millis(300));
+            let duplicate = post(body);
+            (first.join().expect("first"), duplicate)
+        });
+        assert_eq!((first.status, duplicate.status), (201, 409), "{name}");
+        let replay = post(body);
+        assert_eq!(replay.status, 201, "{name}");
+        assert!(replay.replayed(), "{name}: {replay:?}");
+        assert_eq!(post(other).status, 422, "{name}");
+
+        let page = http.get("/metrics").expect("GET /metrics");
+        assert_eq!(page.status, 200, "{name}");
+        assert_eq!(
+            page.header("content-type"),
+            Some("text/plain; version=0.0.4"),
+            "{name}"
+        );
+        for outcome in ["acquired", "in_progress", "replayed", "mismatch"] {
+            let label = format!("outcome=\"{outcome}\"");
+            let value = sample(
+                &page.body,
+                "idempotency_claims_total",
+                &["backend=\"redb\"", &label],
+            );
+            assert_eq!(value, Some(1.0), "{name} {outcome}:\n{}", page.body);
+        }
+        let completes = sample(&page.body, "idempotency_completes_total", &[]);
+        assert_eq!(completes, Some(1.0), "{name}:\n{}", page.body);
+        let overlay = sample(&page.body, "idempotency_overlay_records", &[]);
+        assert!(
+            overlay.is_some(),
+            "{name}: the gauges are set:\n{}",
+            page.body
+        );
+
+        let refused = http
+            .send("POST", "/metrics", &[], b"")
+            .expect("POST /metrics");
+        assert_eq!(refused.status, 405, "{name}");
+        let allow = refused.header("allow").unwrap_or_default();
+        assert!(
+            allow.split(',').any(|m| m.trim() == "GET"),
+            "{name}: {allow}"
+        );
+        assert!(!allow.contains("POST"), "{name}: {allow}");
     }
 }

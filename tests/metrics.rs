@@ -172,6 +172,176 @@ fn redb_counts_claim_wait_timeouts() {
     assert_eq!(m.claims.in_progress, 1 + m.waits);
 }
 
+/// `claim_wait` on a key held throughout, then on one completed while it waits: each pause
+/// counts as a wait, giving up at the deadline as a timeout, and every claim it made behind
+/// them as an in-progress answer. Returns the waits of the 200 ms wait and of the one that
+/// ended in a replay, which depend on the backend (the redb store sleeps on a condvar, the
+/// trait's default polls with a backoff).
+fn drive_waits<S: IdempotencyStore + Sync>(
+    store: &S,
+    metrics: impl Fn() -> Metrics + Sync,
+) -> (u64, u64) {
+    let k = key("busy");
+    let lease = acquire(store, &k);
+
+    let before = metrics();
+    let claim = store.claim_wait(&k, fp("a"), Duration::ZERO);
+    assert!(matches!(claim, Ok(Claim::InProgress { .. })), "{claim:?}");
+    let m = metrics();
+    assert_eq!(m.wait_timeouts - before.wait_timeouts, 1);
+    assert_eq!(
+        m.waits - before.waits,
+        0,
+        "no time to wait: it never blocked"
+    );
+    assert_eq!(m.claims.in_progress - before.claims.in_progress, 1);
+
+    let before = m;
+    let claim = store.claim_wait(&k, fp("a"), Duration::from_millis(200));
+    assert!(matches!(claim, Ok(Claim::InProgress { .. })), "{claim:?}");
+    let m = metrics();
+    let timed_out = m.waits - before.waits;
+    assert_eq!(m.wait_timeouts - before.wait_timeouts, 1);
+    assert_eq!(
+        m.claims.in_progress - before.claims.in_progress,
+        timed_out + 1,
+        "one claim before each wait, and the last one at the deadline"
+    );
+
+    let before = m;
+    let claim = std::thread::scope(|s| {
+        let waiter = s.spawn(|| store.claim_wait(&k, fp("a"), Duration::from_secs(60)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while metrics().waits == before.waits {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never waited"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        store
+            .complete(&lease, Response::new(201, "ok"))
+            .expect("complete");
+        waiter.join().expect("waiter")
+    });
+    assert!(matches!(claim, Ok(Claim::Completed(_))), "{claim:?}");
+    let m = metrics();
+    let replayed = m.waits - before.waits;
+    assert_eq!(m.wait_timeouts, before.wait_timeouts, "it did not time out");
+    assert_eq!(m.claims.replayed - before.claims.replayed, 1);
+    assert_eq!(
+        m.claims.in_progress - before.claims.in_progress,
+        replayed,
+        "one in-progress claim before each wait, then the replay"
+    );
+    (timed_out, replayed)
+}
+
+#[test]
+fn redb_counts_claim_wait_waits_exactly() {
+    let (store, _clock) = open_redb(&mut Store::builder());
+    // The condvar wakes a waiter at its deadline or at the settling call, never before.
+    assert_eq!(drive_waits(&store, || store.metrics()), (1, 1));
+}
+
+#[test]
+fn redb_counts_the_overlay_until_it_is_flushed() {
+    let (store, _clock) = open_redb(&mut Store::builder());
+    let overlay = || {
+        let engine = store.metrics().engine.expect("engine");
+        (engine.overlay_records, engine.overlay_bytes)
+    };
+    assert_eq!(overlay(), (0, 0), "a new store has nothing logged");
+    // Fewer records than the 128 that freeze a generation for the flush thread, so all of
+    // them stay in the overlay until something flushes it.
+    let keys: Vec<Key> = (0..100).map(|i| key(&format!("key-{i:03}"))).collect();
+    let mut leases = vec![acquire(&store, &keys[0])];
+    let (records, one) = overlay();
+    assert_eq!(records, 1);
+    assert!(one > 7, "more than the key's 7 bytes: {one}");
+    leases.extend(keys[1..].iter().map(|k| acquire(&store, k)));
+    let (records, bytes) = overlay();
+    assert_eq!(records, 100, "one record per claimed key");
+    // Same-length keys, one fingerprint and a manual clock: every claim adds the same bytes.
+    assert_eq!(bytes, 100 * one);
+    for lease in &leases {
+        store
+            .complete(lease, Response::new(200, "ok"))
+            .expect("complete");
+    }
+    let (records, completed) = overlay();
+    assert_eq!(records, 100, "a record changed again is still one record");
+    assert!(
+        completed > bytes,
+        "the responses were added: {completed} after {bytes}"
+    );
+    // `stats` walks redb's tables, so it writes the overlay into them first.
+    assert_eq!(store.stats().expect("stats").completed, 100);
+    assert_eq!(overlay(), (0, 0), "flushed");
+}
+
+/// An in-memory disk whose syncs fail with `EIO` once `failing` is set (as in tests/edges.rs).
+#[derive(Debug, Default)]
+struct FailingSyncs {
+    inner: idempotency_store::redb::backends::InMemoryBackend,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl idempotency_store::redb::StorageBackend for FailingSyncs {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        self.inner.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write(offset, data)
+    }
+}
+
+#[test]
+fn redb_shows_the_sweepers_last_error() {
+    let disk = FailingSyncs::default();
+    let failing = Arc::clone(&disk.failing);
+    let store = Arc::new(Store::builder().open_with_backend(disk).expect("open"));
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = store.claim(&key("k"), fp("a"));
+    assert!(matches!(failed, Err(Error::Storage { .. })), "{failed:?}");
+    assert_eq!(
+        store.metrics().engine.expect("engine").sweeper_last_error,
+        None
+    );
+    // The failed sync poisoned the store: every sweep fails until it is reopened.
+    let sweeper = store.start_sweeper(Duration::from_millis(40), 64);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sweeper.errors() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no sweep failed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let engine = store.metrics().engine.expect("engine");
+    let shown = sweeper.last_error().map(|err| err.to_string());
+    assert!(matches!(sweeper.last_error(), Some(Error::Poisoned { .. })));
+    assert_eq!(
+        engine.sweeper_last_error, shown,
+        "the error the sweeper met"
+    );
+    assert_eq!(engine.sweeper_last_run, None, "no round finished");
+    assert!(sweeper.stop().is_err(), "it was still failing");
+}
+
 #[test]
 fn redb_reports_merges_file_size_and_the_sweeper() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -259,6 +429,34 @@ fn postgres_counts_each_outcome() {
     let m = store.metrics();
     assert_eq!((m.quota_refusals, m.errors.quota_exceeded), (1, 1));
     assert_eq!(m.claims.acquired, 1);
+    drop(store);
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_counts_claim_wait_waits_and_timeouts() {
+    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
+        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+        return;
+    };
+    let schema = format!("metrics_wait_{}", std::process::id());
+    let admin = |sql: &str| {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        client.batch_execute(sql).expect("admin sql");
+    };
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let store = idempotency_store::PgStore::builder()
+        .schema(schema.as_str())
+        .lease(LEASE)
+        .pool_size(2)
+        .connect(&url)
+        .expect("connect");
+    let (timed_out, replayed) = drive_waits(&store, || store.metrics());
+    // It re-claims after pauses of 10, 20, 40 and 80 ms and then the rest of the 200 ms, so
+    // it paused one to five times.
+    assert!((1..=5).contains(&timed_out), "{timed_out}");
+    assert!(replayed >= 1, "{replayed}");
     drop(store);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
 }

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use idempotency_store::{Claim, Error, Fingerprint, Key, ManualClock, Response, Store, Timestamp};
+use idempotency_store::{
+    Claim, Error, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
+};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 /// `name{label=value,...}` → the counter's value, or a histogram's number of samples.
@@ -29,6 +31,73 @@ fn recorded(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
     out
 }
 
+/// One of each outcome: acquired, in progress (also through a `claim_wait` with no time to
+/// wait), mismatch, a completion, two replays, and a release refused as lost.
+fn drive(store: &impl IdempotencyStore) {
+    let fp = Fingerprint::of(["a"]);
+    let key = Key::new("k").expect("key");
+    let Ok(Claim::Acquired(lease)) = store.claim(&key, fp) else {
+        panic!("expected Acquired")
+    };
+    assert!(matches!(
+        store.claim(&key, fp),
+        Ok(Claim::InProgress { .. })
+    ));
+    assert!(matches!(
+        store.claim_wait(&key, fp, Duration::ZERO),
+        Ok(Claim::InProgress { .. })
+    ));
+    assert!(matches!(
+        store.claim(&key, Fingerprint::of(["b"])),
+        Ok(Claim::Mismatch { .. })
+    ));
+    store
+        .complete(&lease, Response::new(200, "ok"))
+        .expect("complete");
+    for _ in 0..2 {
+        assert!(matches!(store.claim(&key, fp), Ok(Claim::Completed(_))));
+    }
+    assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+}
+
+/// The series `drive` leaves on `backend`, the same on both.
+fn expected(backend: &str) -> Vec<(String, u64)> {
+    [
+        ("idempotency_claims_total{backend=B,outcome=acquired}", 1),
+        ("idempotency_claims_total{backend=B,outcome=in_progress}", 2),
+        ("idempotency_claims_total{backend=B,outcome=mismatch}", 1),
+        ("idempotency_claims_total{backend=B,outcome=replayed}", 2),
+        ("idempotency_claim_wait_timeouts_total{backend=B}", 1),
+        ("idempotency_completes_total{backend=B}", 1),
+        ("idempotency_lease_lost_total{backend=B}", 1),
+        ("idempotency_errors_total{backend=B,kind=lease_lost}", 1),
+        ("idempotency_claim_seconds{backend=B}", 6),
+        ("idempotency_complete_seconds{backend=B}", 1),
+    ]
+    .into_iter()
+    .map(|(name, value)| {
+        (
+            name.replace("backend=B", &format!("backend={backend}")),
+            value,
+        )
+    })
+    .collect()
+}
+
+/// Checks `got` against `expected(backend)` and what no call of `drive` records.
+fn check_common(got: &BTreeMap<String, u64>, backend: &str) {
+    for (name, value) in expected(backend) {
+        assert_eq!(got.get(&name), Some(&value), "{name} in {got:#?}");
+    }
+    for absent in [
+        "idempotency_releases_total",
+        "idempotency_claim_waits_total",
+    ] {
+        let name = format!("{absent}{{backend={backend}}}");
+        assert_eq!(got.get(&name), None, "nothing counted it: {got:#?}");
+    }
+}
+
 #[test]
 fn counts_reach_the_recorder_with_names_and_labels() {
     let recorder = DebuggingRecorder::new();
@@ -39,54 +108,61 @@ fn counts_reach_the_recorder_with_names_and_labels() {
             .clock(clock.clone())
             .open_in_memory()
             .expect("open");
-        let fp = Fingerprint::of(["a"]);
-        let key = Key::new("k").expect("key");
-        let Ok(Claim::Acquired(lease)) = store.claim(&key, fp) else {
-            panic!("expected Acquired")
-        };
-        assert!(matches!(
-            store.claim(&key, fp),
-            Ok(Claim::InProgress { .. })
-        ));
-        assert!(matches!(
-            store.claim(&key, Fingerprint::of(["b"])),
-            Ok(Claim::Mismatch { .. })
-        ));
-        store
-            .complete(&lease, Response::new(200, "ok"))
-            .expect("complete");
-        for _ in 0..2 {
-            assert!(matches!(store.claim(&key, fp), Ok(Claim::Completed(_))));
-        }
-        assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+        drive(&store);
         let _ = store.metrics();
     });
     let got = recorded(&recorder);
-    let expect = [
-        ("idempotency_claims_total{backend=redb,outcome=acquired}", 1),
-        (
-            "idempotency_claims_total{backend=redb,outcome=in_progress}",
-            1,
-        ),
-        ("idempotency_claims_total{backend=redb,outcome=mismatch}", 1),
-        ("idempotency_claims_total{backend=redb,outcome=replayed}", 2),
-        ("idempotency_completes_total{backend=redb}", 1),
-        ("idempotency_lease_lost_total{backend=redb}", 1),
-        ("idempotency_errors_total{backend=redb,kind=lease_lost}", 1),
-        ("idempotency_claim_seconds{backend=redb}", 5),
-        ("idempotency_complete_seconds{backend=redb}", 1),
-        ("idempotency_overlay_records{backend=redb}", 1),
-    ];
-    for (name, value) in expect {
-        assert_eq!(got.get(name), Some(&value), "{name} in {got:#?}");
-    }
+    check_common(&got, "redb");
+    assert_eq!(
+        got.get("idempotency_overlay_records{backend=redb}"),
+        Some(&1),
+        "{got:#?}"
+    );
     assert!(
         got["idempotency_batches_total{backend=redb}"] >= 1,
         "{got:#?}"
     );
-    assert_eq!(
-        got.get("idempotency_releases_total{backend=redb}"),
-        None,
-        "no release succeeded"
+}
+
+/// The same calls on `PgStore` give the same series under `backend=postgres`, and none of the
+/// redb engine's (PostgreSQL only with `IDEMPOTENCY_PG_URL` set).
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_counts_reach_the_recorder_with_backend_postgres() {
+    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
+        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+        return;
+    };
+    let schema = format!("metrics_facade_{}", std::process::id());
+    let admin = |sql: &str| {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        client.batch_execute(sql).expect("admin sql");
+    };
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let store = idempotency_store::PgStore::builder()
+            .schema(schema.as_str())
+            .lease(Duration::from_secs(60))
+            .pool_size(1)
+            .connect(&url)
+            .expect("connect");
+        drive(&store);
+        let _ = store.metrics();
+    });
+    admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+    let got = recorded(&recorder);
+    check_common(&got, "postgres");
+    let stray: Vec<_> = got
+        .keys()
+        .filter(|name| !name.contains("backend=postgres"))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "every series is labelled postgres: {stray:?}"
     );
+    for redb_only in ["batches_total", "log_writes_total", "overlay_records"] {
+        let name = format!("idempotency_{redb_only}{{backend=postgres}}");
+        assert_eq!(got.get(&name), None, "{got:#?}");
+    }
 }

@@ -1,6 +1,7 @@
 //! The payments service shared by the `payments_server` and `payments` examples and by
 //! `tests/payments_e2e.rs`: `POST /payments` charges once per `Idempotency-Key`,
-//! `GET /payments/{id}` and `GET /ledger` read the charges.
+//! `GET /payments/{id}` and `GET /ledger` read the charges, and `GET /metrics` (once given a
+//! page with [`Payments::with_metrics_page`]) shows the store's metrics.
 //!
 //! The idempotency flow is `idempotency_store::http::handle`: this file only validates and
 //! charges. A charge is a row in a ledger table in the store's own redb file, written by
@@ -133,12 +134,19 @@ pub fn store_builder() -> idempotency_store::StoreBuilder {
 /// The charges mirrored in memory for the `GET` routes.
 type Charges = Arc<Mutex<BTreeMap<u64, Charge>>>;
 
+/// Renders the `GET /metrics` page, in the Prometheus text format.
+type MetricsPage = Box<dyn Fn() -> String + Send + Sync>;
+
+/// The Prometheus text format's content type (exposition format 0.0.4).
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+
 /// The service: the store, the idempotency options, and the charges mirrored in memory.
 pub struct Payments {
     store: Arc<Store>,
     options: Options,
     idempotency: HandleOptions,
     charges: Charges,
+    metrics_page: Option<MetricsPage>,
 }
 
 impl Payments {
@@ -156,13 +164,25 @@ impl Payments {
             options,
             idempotency,
             charges,
+            metrics_page: None,
         })
+    }
+
+    /// Serves `GET /metrics` with `render`'s text (the Prometheus text format, e.g. a
+    /// `metrics-exporter-prometheus` handle's `render`); without it there is no such route.
+    pub fn with_metrics_page(
+        mut self,
+        render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> Payments {
+        self.metrics_page = Some(Box::new(render));
+        self
     }
 
     /// Answers one request.
     pub fn handle(&self, request: http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
         let path = request.uri().path();
         let id = path.strip_prefix("/payments/");
+        let metrics = path == "/metrics" && self.metrics_page.is_some();
         match (request.method(), path, id) {
             (&Method::POST, "/payments", _) => idem::handle(
                 &*self.store,
@@ -178,24 +198,24 @@ impl Payments {
                 },
             ),
             (&Method::GET, "/ledger", _) => self.ledger(),
+            (&Method::GET, _, _) if metrics => self.metrics(),
             (&Method::GET, _, Some(id)) => self.show(id),
-            (_, "/payments" | "/ledger", _) | (_, _, Some(_)) => {
-                let mut answer = problem(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method-not-allowed",
-                    "Method not allowed",
-                    "use POST /payments, GET /payments/{id} or GET /ledger",
-                )
-                .to_http();
-                // RFC 9110 §15.5.6: a 405 names the methods the resource supports.
-                let allow = if path == "/payments" { "POST" } else { "GET" };
-                answer
-                    .headers_mut()
-                    .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
-                answer
-            }
+            (_, "/payments" | "/ledger", _) | (_, _, Some(_)) => not_allowed(path),
+            _ if metrics => not_allowed(path),
             _ => problem(StatusCode::NOT_FOUND, "not-found", "Not found", path).to_http(),
         }
+    }
+
+    /// `GET /metrics`: the page, with the store's gauges (overlay, file size) set first.
+    fn metrics(&self) -> http::Response<Vec<u8>> {
+        let _gauges = self.store.metrics();
+        let text = self.metrics_page.as_ref().map(|render| render());
+        let mut out = http::Response::new(text.unwrap_or_default().into_bytes());
+        out.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(PROMETHEUS_TEXT),
+        );
+        out
     }
 
     /// `POST /payments` while holding the key (`token`, `key`): validate, charge, and leave
@@ -350,6 +370,23 @@ fn json_response(status: StatusCode, body: &impl serde::Serialize) -> http::Resp
         http::HeaderValue::from_static("application/json"),
     );
     out
+}
+
+/// 405 for `path`, a route of this service.
+fn not_allowed(path: &str) -> http::Response<Vec<u8>> {
+    let mut answer = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        "use POST /payments, GET /payments/{id} or GET /ledger",
+    )
+    .to_http();
+    // RFC 9110 §15.5.6: a 405 names the methods the resource supports.
+    let allow = if path == "/payments" { "POST" } else { "GET" };
+    answer
+        .headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    answer
 }
 
 /// A problem of this service (the idempotency ones come from `idempotency_store::http`).

@@ -77,17 +77,7 @@ pub trait IdempotencyStore: Send + Sync {
     /// # Errors
     /// As for [`claim`](IdempotencyStore::claim).
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let claim = self.claim(key, fingerprint)?;
-            let now = Instant::now();
-            if !matches!(claim, Claim::InProgress { .. }) || now >= deadline {
-                return Ok(claim);
-            }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(Duration::from_millis(250));
-        }
+        poll_claim_wait(self, key, fingerprint, timeout, |_| {})
     }
 
     /// The store's current time, the one its leases and expiry are counted in (for example to
@@ -225,6 +215,34 @@ where
             Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
             Err(other) => Err(other),
         },
+    }
+}
+
+/// The default [`IdempotencyStore::claim_wait`]: re-claims with a backoff, and tells `waited`
+/// of each pause (`false`) and of giving up at the deadline (`true`), so that a backend can
+/// count them as the redb store counts its waits.
+pub(crate) fn poll_claim_wait<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    key: &Key,
+    fingerprint: Fingerprint,
+    timeout: Duration,
+    waited: impl Fn(bool),
+) -> Result<Claim> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let claim = store.claim(key, fingerprint)?;
+        if !matches!(claim, Claim::InProgress { .. }) {
+            return Ok(claim);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            waited(true);
+            return Ok(claim);
+        }
+        waited(false);
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(250));
     }
 }
 

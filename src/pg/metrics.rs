@@ -2,9 +2,9 @@
 //! [`IdempotencyStore`] implementation here counts each outcome and time around them, under the
 //! same names as the redb store's.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::api::backend::IdempotencyStore;
+use crate::api::backend::{self, IdempotencyStore};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -61,6 +61,11 @@ impl IdempotencyStore for PgStore {
         let result = Unmetered::claim(self, key, fingerprint);
         self.metrics.claimed(&result, started);
         result
+    }
+
+    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
+        let count = |timed_out| self.metrics.waited(timed_out);
+        backend::poll_claim_wait(self, key, fingerprint, timeout, count)
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
