@@ -134,7 +134,9 @@ pub struct EngineMetrics {
     pub file_bytes: Option<u64>,
     /// When the background sweeper last finished a round (`None`: it never did).
     pub sweeper_last_run: Option<SystemTime>,
-    /// The error that stopped the background sweeper, if one did.
+    /// The error of the background sweeper's last failed round, if one failed. A failed round
+    /// does not stop the sweeper: it retries after a backoff. A later round that succeeds
+    /// leaves this as it was; `sweeper_last_run` tells when one last did.
     pub sweeper_last_error: Option<String>,
 }
 
