@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::outcome::Claim;
 use crate::api::publish;
+use crate::api::series::{CallSeries, ERROR_KINDS, Series};
 use crate::api::trace;
 use crate::error::{Error, Result};
 
@@ -133,7 +134,9 @@ pub struct EngineMetrics {
     pub file_bytes: Option<u64>,
     /// When the background sweeper last finished a round (`None`: it never did).
     pub sweeper_last_run: Option<SystemTime>,
-    /// The error that stopped the background sweeper, if one did.
+    /// The error of the background sweeper's last failed round, if one failed. A failed round
+    /// does not stop the sweeper: it retries after a backoff. A later round that succeeds
+    /// leaves this as it was; `sweeper_last_run` tells when one last did.
     pub sweeper_last_error: Option<String>,
 }
 
@@ -197,7 +200,7 @@ impl Buckets {
 /// `metrics`, the same count published through the facade).
 #[derive(Debug)]
 pub(crate) struct Counters {
-    backend: &'static str,
+    series: &'static CallSeries,
     show_keys: bool,
     acquired: AtomicU64,
     taken_over: AtomicU64,
@@ -212,29 +215,18 @@ pub(crate) struct Counters {
     waits: AtomicU64,
     wait_timeouts: AtomicU64,
     swept: AtomicU64,
-    errors: [AtomicU64; ERROR_KINDS.len()],
+    errors: [AtomicU64; ERROR_KINDS],
     claim_latency: Buckets,
     complete_latency: Buckets,
 }
 
-/// The `kind` label of each error counter, in `ErrorCounts`' order.
-const ERROR_KINDS: [&str; 7] = [
-    "invalid_key",
-    "response_too_large",
-    "lease_lost",
-    "quota_exceeded",
-    "corrupted",
-    "storage",
-    "other",
-];
-
 impl Counters {
-    /// Zeroed counters for `backend` (`"redb"` or `"postgres"`); `show_keys`: whether its
+    /// Zeroed counters for the backend whose calls `series` names; `show_keys`: whether its
     /// `tracing` events may show keys.
-    pub(crate) fn new(backend: &'static str, show_keys: bool) -> Counters {
+    pub(crate) fn new(series: &'static CallSeries, show_keys: bool) -> Counters {
         let zero = || AtomicU64::new(0);
         Counters {
-            backend,
+            series,
             show_keys,
             acquired: zero(),
             taken_over: zero(),
@@ -255,70 +247,59 @@ impl Counters {
         }
     }
 
-    /// Adds one to `counter`, and to the published counter `name` (with `label`).
-    fn bump(
-        &self,
-        counter: &AtomicU64,
-        name: &'static str,
-        label: Option<(&'static str, &'static str)>,
-    ) {
+    /// Adds one to `counter`, and to the published counter `series`.
+    fn bump(counter: &AtomicU64, series: &Series) {
         counter.fetch_add(1, Relaxed);
-        publish::count(name, self.backend, label, 1);
+        publish::count(series, 1);
     }
 
     /// Counts a claim's outcome and time.
     pub(crate) fn claimed(&self, result: &Result<Claim>, started: Instant) {
         let elapsed = started.elapsed();
         self.claim_latency.record(elapsed);
-        publish::time("idempotency_claim_seconds", self.backend, elapsed);
-        let (counter, outcome) = match result {
+        let series = self.series;
+        publish::time(&series.claim_seconds, elapsed);
+        let (counter, published) = match result {
             Ok(Claim::Acquired(lease)) if lease.attempt > 1 => {
-                trace::taken_over(self.backend, &lease.key, lease.attempt, self.show_keys);
-                (&self.taken_over, "taken_over")
+                trace::taken_over(series.backend, &lease.key, lease.attempt, self.show_keys);
+                (&self.taken_over, &series.taken_over)
             }
-            Ok(Claim::Acquired(_)) => (&self.acquired, "acquired"),
-            Ok(Claim::InProgress { .. }) => (&self.in_progress, "in_progress"),
-            Ok(Claim::Completed(_)) => (&self.replayed, "replayed"),
-            Ok(Claim::Mismatch { .. }) => (&self.mismatch, "mismatch"),
+            Ok(Claim::Acquired(_)) => (&self.acquired, &series.acquired),
+            Ok(Claim::InProgress { .. }) => (&self.in_progress, &series.in_progress),
+            Ok(Claim::Completed(_)) => (&self.replayed, &series.replayed),
+            Ok(Claim::Mismatch { .. }) => (&self.mismatch, &series.mismatch),
             Err(err) => {
                 if matches!(err, Error::QuotaExceeded { .. }) {
-                    trace::quota_refused(self.backend);
-                    self.bump(
-                        &self.quota_refusals,
-                        "idempotency_quota_refusals_total",
-                        None,
-                    );
+                    trace::quota_refused(series.backend);
+                    Self::bump(&self.quota_refusals, &series.quota_refusals);
                 }
                 return self.failed(err);
             }
         };
-        self.bump(
-            counter,
-            "idempotency_claims_total",
-            Some(("outcome", outcome)),
-        );
+        Self::bump(counter, published);
     }
 
     /// Counts a settling call's outcome (and a completion's time).
     pub(crate) fn settled<T>(&self, call: Call, result: &Result<T>, started: Instant) {
+        let series = self.series;
         let done = match call {
             Call::Complete => {
                 let elapsed = started.elapsed();
                 self.complete_latency.record(elapsed);
-                publish::time("idempotency_complete_seconds", self.backend, elapsed);
-                Some((&self.completes, "idempotency_completes_total"))
+                publish::time(&series.complete_seconds, elapsed);
+                Some((&self.completes, &series.completes))
             }
-            Call::Release => Some((&self.releases, "idempotency_releases_total")),
-            Call::Heartbeat => Some((&self.heartbeats, "idempotency_heartbeats_total")),
+            Call::Release => Some((&self.releases, &series.releases)),
+            Call::Heartbeat => Some((&self.heartbeats, &series.heartbeats)),
             Call::Checkpoint => None,
         };
         match (result, done) {
-            (Ok(_), Some((counter, name))) => self.bump(counter, name, None),
+            (Ok(_), Some((counter, published))) => Self::bump(counter, published),
             (Ok(_), None) => {}
             (Err(err), _) => {
                 if matches!(err, Error::LeaseLost) {
-                    trace::lease_lost(self.backend, call.name());
-                    self.bump(&self.lease_lost, "idempotency_lease_lost_total", None);
+                    trace::lease_lost(series.backend, call.name());
+                    Self::bump(&self.lease_lost, &series.lease_lost);
                 }
                 self.failed(err);
             }
@@ -336,27 +317,25 @@ impl Counters {
             Error::Storage { .. } => 5,
             _ => 6,
         };
-        if let (Some(counter), Some(label)) = (self.errors.get(kind), ERROR_KINDS.get(kind)) {
-            self.bump(counter, "idempotency_errors_total", Some(("kind", label)));
+        if let (Some(counter), Some(published)) =
+            (self.errors.get(kind), self.series.errors.get(kind))
+        {
+            Self::bump(counter, published);
         }
     }
 
     /// Counts records deleted by a sweep.
     pub(crate) fn swept(&self, records: u64) {
         self.swept.fetch_add(records, Relaxed);
-        publish::count("idempotency_swept_total", self.backend, None, records);
+        publish::count(&self.series.swept, records);
     }
 
     /// Counts a `claim_wait` caller blocking (`false`), or giving up at its timeout (`true`).
     pub(crate) fn waited(&self, timed_out: bool) {
         if timed_out {
-            self.bump(
-                &self.wait_timeouts,
-                "idempotency_claim_wait_timeouts_total",
-                None,
-            );
+            Self::bump(&self.wait_timeouts, &self.series.wait_timeouts);
         } else {
-            self.bump(&self.waits, "idempotency_claim_waits_total", None);
+            Self::bump(&self.waits, &self.series.waits);
         }
     }
 
@@ -365,7 +344,7 @@ impl Counters {
         let get = |c: &AtomicU64| c.load(Relaxed);
         let e = |i: usize| self.errors.get(i).map_or(0, get);
         Metrics {
-            backend: self.backend,
+            backend: self.series.backend,
             claims: ClaimCounts {
                 acquired: get(&self.acquired),
                 taken_over: get(&self.taken_over),
@@ -394,5 +373,82 @@ impl Counters {
             complete_latency: self.complete_latency.snapshot(),
             engine: None,
         }
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+    use crate::api::series::REDB;
+
+    #[test]
+    fn each_error_is_counted_and_published_under_its_kind() {
+        let errors = [
+            Error::invalid_key("empty"),
+            Error::ResponseTooLarge { size: 2, limit: 1 },
+            Error::LeaseLost,
+            Error::QuotaExceeded {
+                limit: "max_records",
+                used: 1,
+                max: 1,
+            },
+            Error::corrupted("bad page"),
+            Error::storage("reading", std::io::Error::other("disk")),
+            Error::Reentrant,
+        ];
+        let counters = Counters::new(&REDB, false);
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            for (times, err) in (1..).zip(&errors) {
+                for _ in 0..times {
+                    counters.failed(err);
+                }
+            }
+        });
+        let counted = counters.snapshot().errors;
+        let fields = [
+            counted.invalid_key,
+            counted.response_too_large,
+            counted.lease_lost,
+            counted.quota_exceeded,
+            counted.corrupted,
+            counted.storage,
+            counted.other,
+        ];
+        assert_eq!(fields, [1, 2, 3, 4, 5, 6, 7]);
+        let mut published: Vec<(String, u64)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                assert_eq!(key.name(), "idempotency_errors_total");
+                let kind = key
+                    .labels()
+                    .find(|l| l.key() == "kind")
+                    .map(|l| l.value().to_owned());
+                let DebugValue::Counter(count) = value else {
+                    panic!("{key:?} is not a counter")
+                };
+                (kind.unwrap_or_default(), count)
+            })
+            .collect();
+        published.sort_by_key(|&(_, count)| count);
+        let kinds: Vec<(&str, u64)> = published.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("invalid_key", 1),
+                ("response_too_large", 2),
+                ("lease_lost", 3),
+                ("quota_exceeded", 4),
+                ("corrupted", 5),
+                ("storage", 6),
+                ("other", 7),
+            ]
+        );
     }
 }

@@ -12,5 +12,6 @@ pub(crate) mod publish;
 pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod response;
+pub(crate) mod series;
 pub(crate) mod settings;
 pub(crate) mod trace;

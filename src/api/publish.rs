@@ -1,50 +1,55 @@
 //! Publishing counts through the `metrics` crate facade (feature `metrics`): every call here is
-//! a no-op without the feature, so call sites need no `cfg`. Names and labels are listed in the
-//! README's "Metrics" section; every series carries `backend` (`redb` or `postgres`).
+//! a no-op without the feature, so call sites need no `cfg`. The series are the statics of
+//! `series`.
+//!
+//! Why static keys and no cached handles: a key built from a call's arguments (what
+//! `counter!(name, "backend" => backend)` does when `name` is not a literal) allocated its
+//! label list and had it copied into a shared one by the recorder, and was hashed, on every
+//! call; a static key costs the recorder only its lookup (for the Prometheus exporter, a read
+//! lock on one shard and a probe with the precomputed hash). Caching the `Counter` and
+//! `Histogram` handles would save that lookup too, but a handle stays bound to the recorder
+//! it was registered with: an application may install its recorder after opening the store,
+//! and `metrics::with_local_recorder` swaps recorders per thread. The facade does not say
+//! whether the current recorder is the global one, and a local recorder's address can be
+//! reused by a later one, so no cache key tells a dropped recorder from its successor, which
+//! would then miss the counts.
 
 use std::time::Duration;
 
-/// Adds `by` to the counter `name`, with `label` if given (e.g. `("outcome", "replayed")`).
+use crate::api::series::Series;
+
 #[cfg(feature = "metrics")]
-pub(crate) fn count(
-    name: &'static str,
-    backend: &'static str,
-    label: Option<(&'static str, &'static str)>,
-    by: u64,
-) {
-    match label {
-        Some((label, value)) => {
-            metrics::counter!(name, "backend" => backend, label => value).increment(by);
-        }
-        None => metrics::counter!(name, "backend" => backend).increment(by),
-    }
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// Adds `by` to the counter `series`.
+#[cfg(feature = "metrics")]
+pub(crate) fn count(series: &Series, by: u64) {
+    metrics::with_recorder(|recorder| recorder.register_counter(&series.0, &METADATA))
+        .increment(by);
 }
 
-/// Records `elapsed`, in seconds, in the histogram `name`.
+/// Records `elapsed`, in seconds, in the histogram `series`.
 #[cfg(feature = "metrics")]
-pub(crate) fn time(name: &'static str, backend: &'static str, elapsed: Duration) {
-    metrics::histogram!(name, "backend" => backend).record(elapsed.as_secs_f64());
+pub(crate) fn time(series: &Series, elapsed: Duration) {
+    metrics::with_recorder(|recorder| recorder.register_histogram(&series.0, &METADATA))
+        .record(elapsed.as_secs_f64());
 }
 
-/// Sets the gauge `name` to `value`.
+/// Sets the gauge `series` to `value`.
 #[cfg(feature = "metrics")]
-pub(crate) fn level(name: &'static str, backend: &'static str, value: u64) {
+pub(crate) fn level(series: &Series, value: u64) {
     #[allow(clippy::cast_precision_loss)]
     // gauges are f64 in the facade; sizes stay far below 2^53
-    metrics::gauge!(name, "backend" => backend).set(value as f64);
+    metrics::with_recorder(|recorder| recorder.register_gauge(&series.0, &METADATA))
+        .set(value as f64);
 }
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) fn count(
-    _name: &'static str,
-    _backend: &'static str,
-    _label: Option<(&'static str, &'static str)>,
-    _by: u64,
-) {
-}
+pub(crate) fn count(_series: &Series, _by: u64) {}
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) fn time(_name: &'static str, _backend: &'static str, _elapsed: Duration) {}
+pub(crate) fn time(_series: &Series, _elapsed: Duration) {}
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) fn level(_name: &'static str, _backend: &'static str, _value: u64) {}
+pub(crate) fn level(_series: &Series, _value: u64) {}

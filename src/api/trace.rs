@@ -62,10 +62,10 @@ pub(crate) fn quota_refused(backend: &str) {
     let _ = backend;
 }
 
-/// The background sweeper stopped on an error.
+/// A round of the background sweeper failed; it retries after a backoff.
 pub(crate) fn sweeper_failed(error: &crate::error::Error) {
     #[cfg(feature = "tracing")]
-    tracing::warn!(%error, "the background sweeper stopped");
+    tracing::warn!(%error, "the background sweeper failed; it will retry");
     #[cfg(not(feature = "tracing"))]
     let _ = error;
 }

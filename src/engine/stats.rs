@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::metrics::EngineMetrics;
 use crate::api::publish;
+use crate::api::series;
 use crate::api::trace;
 
 /// Counters updated by the batch leader and the flush thread.
@@ -31,15 +32,15 @@ impl EngineStats {
         trace::batch(usize::try_from(ops).unwrap_or(usize::MAX));
         self.batches.fetch_add(1, Relaxed);
         self.batched_ops.fetch_add(ops, Relaxed);
-        publish::count("idempotency_batches_total", "redb", None, 1);
-        publish::count("idempotency_batched_ops_total", "redb", None, ops);
+        publish::count(&series::BATCHES, 1);
+        publish::count(&series::BATCHED_OPS, ops);
         self.max_batch.fetch_max(ops, Relaxed);
     }
 
     /// An entry went into the write-ahead log.
     pub(crate) fn log_write(&self) {
         self.log_writes.fetch_add(1, Relaxed);
-        publish::count("idempotency_log_writes_total", "redb", None, 1);
+        publish::count(&series::LOG_WRITES, 1);
     }
 
     /// A merge that started at `started` committed.
@@ -48,8 +49,8 @@ impl EngineStats {
         self.merges.fetch_add(1, Relaxed);
         self.last_merge_ns.store(nanos(elapsed), Relaxed);
         self.max_merge_ns.fetch_max(nanos(elapsed), Relaxed);
-        publish::count("idempotency_merges_total", "redb", None, 1);
-        publish::time("idempotency_merge_seconds", "redb", elapsed);
+        publish::count(&series::MERGES, 1);
+        publish::time(&series::MERGE_SECONDS, elapsed);
         trace::merged(elapsed);
         elapsed
     }

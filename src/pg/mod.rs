@@ -22,6 +22,7 @@ use crate::api::outcome::{Claim, Lease, RecordView};
 use crate::api::record::{Record, State, Verdict, verdict};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
+use crate::api::series;
 use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::error::{Error, Result};
 use crate::pg::metrics::Unmetered;
@@ -470,7 +471,7 @@ impl PgStoreBuilder {
             settings: self.clone(),
             high_water: AtomicU64::new(0),
             limits,
-            metrics: Counters::new("postgres", self.shared.trace_keys),
+            metrics: Counters::new(&series::POSTGRES, self.shared.trace_keys),
         })
     }
 

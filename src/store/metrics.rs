@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use crate::api::metrics::Metrics;
 use crate::api::publish;
+use crate::api::series;
 use crate::api::trace;
 use crate::error::Error;
 use crate::store::Store;
@@ -70,14 +71,10 @@ impl Store {
         engine
             .sweeper_last_error
             .clone_from(&self.sweeper.last_error.lock());
-        publish::level(
-            "idempotency_overlay_records",
-            "redb",
-            engine.overlay_records,
-        );
-        publish::level("idempotency_overlay_bytes", "redb", engine.overlay_bytes);
+        publish::level(&series::OVERLAY_RECORDS, engine.overlay_records);
+        publish::level(&series::OVERLAY_BYTES, engine.overlay_bytes);
         if let Some(bytes) = engine.file_bytes {
-            publish::level("idempotency_file_bytes", "redb", bytes);
+            publish::level(&series::FILE_BYTES, bytes);
         }
         Metrics {
             engine: Some(engine),

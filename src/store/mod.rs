@@ -22,6 +22,7 @@ use crate::api::metrics::{Call, Counters};
 use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
+use crate::api::series;
 use crate::api::settings::Settings;
 use crate::engine::handle::Engine;
 use crate::engine::ops::{Checkpoint, ClaimKey, Complete, Heartbeat, Release};
@@ -78,7 +79,7 @@ impl Store {
             config,
             path,
             waiters: Waiters::default(),
-            metrics: Counters::new("redb", show_keys),
+            metrics: Counters::new(&series::REDB, show_keys),
             sweeper: SweeperState::default(),
         }
     }
