@@ -1,6 +1,7 @@
 //! Power loss checked at the level of the real system calls, on the default build's own file
 //! I/O (`Store::open` on a path: redb's file backend, and the log's second handle opened with
-//! `O_DSYNC`), where `tests/power_loss.rs` goes through a custom storage backend.
+//! `O_DSYNC`, or in the `-portable` workloads without it, each write followed by `fdatasync`),
+//! where `tests/power_loss.rs` goes through a custom storage backend.
 //!
 //! A child process (this test binary, re-run with `CHILD_ENV` set) runs a workload under
 //! `strace -f`, which records every `openat` (with its flags: which descriptor has `O_DSYNC`),
@@ -72,10 +73,13 @@ struct Workload {
     quota: bool,
     /// Close and reopen the store halfway (crash points then land in a recovery too).
     reopen: bool,
+    /// The portable log path (`portable_log_sync`): the log's handle without `O_DSYNC`, each
+    /// write followed by `fdatasync`, as on every platform but Linux.
+    portable: bool,
     mix: Mix,
 }
 
-const WORKLOADS: [Workload; 6] = [
+const WORKLOADS: [Workload; 8] = [
     // Group commit: 8 threads queue behind one leader's log write.
     Workload {
         name: "group",
@@ -85,6 +89,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Complete,
     },
     // The smallest log (two 8 KiB halves) with bodies up to 1.4 KiB: it switches halves and
@@ -97,6 +102,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: true,
+        portable: false,
         mix: Mix::Complete,
     },
     Workload {
@@ -107,6 +113,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::QuickRepair,
         quota: false,
         reopen: true,
+        portable: false,
         mix: Mix::Complete,
     },
     Workload {
@@ -117,6 +124,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Leases,
     },
     Workload {
@@ -127,6 +135,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Effects,
     },
     Workload {
@@ -137,6 +146,30 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: true,
         reopen: false,
+        portable: false,
+        mix: Mix::Complete,
+    },
+    // The portable log path: group commit, then the smallest log across a reopen.
+    Workload {
+        name: "group-portable",
+        threads: 8,
+        keys: 10,
+        log_size: 64 << 10,
+        durability: Durability::Immediate,
+        quota: false,
+        reopen: false,
+        portable: true,
+        mix: Mix::Complete,
+    },
+    Workload {
+        name: "wrap-portable",
+        threads: 2,
+        keys: 40,
+        log_size: 16 << 10,
+        durability: Durability::Immediate,
+        quota: false,
+        reopen: true,
+        portable: true,
         mix: Mix::Complete,
     },
 ];
@@ -149,6 +182,7 @@ fn builder(workload: &Workload, clock: &ManualClock) -> StoreBuilder {
         .max_batch(32)
         .log_size(workload.log_size)
         .durability(workload.durability)
+        .portable_log_sync(workload.portable)
         .clock(clock.clone());
     if workload.quota {
         builder.max_records(1_000_000);
@@ -528,11 +562,19 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
         points.len(),
         candidates,
     );
-    assert!(
-        trace.dsync_opens > 0,
-        "{}: no O_DSYNC descriptor",
-        workload.name
-    );
+    if workload.portable {
+        assert_eq!(
+            trace.dsync_opens, 0,
+            "{}: an O_DSYNC descriptor on the portable path",
+            workload.name
+        );
+    } else {
+        assert!(
+            trace.dsync_opens > 0,
+            "{}: no O_DSYNC descriptor",
+            workload.name
+        );
+    }
     figures.workloads += 1;
     figures.trace_lines += trace.lines;
     figures.file_calls += trace.counts.values().sum::<usize>();
@@ -732,7 +774,7 @@ fn run_all(points: Points) -> Figures {
         figures.creation_opened,
         figures.creation_refused.len(),
         figures.controls_caught,
-        WORKLOADS.iter().filter(|w| !w.quota).count(),
+        WORKLOADS.iter().filter(|w| !w.quota && !w.portable).count(),
         figures.failures.len(),
         started.elapsed().as_secs_f64()
     );
