@@ -18,7 +18,8 @@
 //! response), releases gone, nothing completed with a response no call was made with, the
 //! `complete_with` ledger equal to the completed records, and the store must take new writes.
 //! A negative control per workload that logs through `O_DSYNC` (an image from a disk that
-//! ignored `O_DSYNC`) must fail the check.
+//! ignored `O_DSYNC`) must fail the check. Each trace must also show the store file's
+//! directory synced after the file was created and before the first open returned.
 //!
 //! The trace is the thread schedule of one run, so two runs with one seed try different
 //! points; a failure prints the trace line, the image and what the store held, and keeps the
@@ -562,6 +563,7 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
         points.len(),
         candidates,
     );
+    check_directory_synced(workload, &trace);
     if workload.portable {
         assert_eq!(
             trace.dsync_opens, 0,
@@ -581,6 +583,33 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
     figures.points += points.len();
     figures.images += images;
     figures.duplicates += duplicates;
+}
+
+/// Creating the store must make the file's name durable before the open returns: an `fsync`
+/// of its directory after the `open` that created the file and before the first `ack O` note.
+/// Otherwise a power cut may lose the directory entry, and the next open would create an empty
+/// store (the crash images keep the file whatever happens to the directory, so they cannot
+/// show this).
+fn check_directory_synced(workload: &Workload, trace: &trace::Trace) {
+    let created = trace
+        .created
+        .unwrap_or_else(|| panic!("{}: no open created the store file", workload.name));
+    let opened = trace
+        .notes
+        .iter()
+        .find(|note| note.text.starts_with("ack O "))
+        .map(|note| note.start)
+        .unwrap_or_else(|| panic!("{}: the store never opened", workload.name));
+    assert!(
+        trace
+            .dir_syncs
+            .iter()
+            .any(|&line| created < line && line < opened),
+        "{}: no sync of the directory between the file's creation (trace line {created}) and \
+         the open's return (line {opened}); directory syncs at {:?}",
+        workload.name,
+        trace.dir_syncs
+    );
 }
 
 /// Builds the images of one crash point, checks each distinct one and tallies the outcomes;
