@@ -154,3 +154,214 @@ fn a_time_seen_only_by_a_read_survives_a_reopen() -> Result<()> {
     );
     Ok(())
 }
+
+/// What the disk holds: writes are durable once a sync returns.
+#[derive(Default)]
+struct Disk {
+    live: Vec<u8>,
+    pending: Vec<(u64, Vec<u8>)>,
+    durable: Vec<u8>,
+}
+
+type Merges = Box<dyn Fn() -> u64 + Send>;
+
+#[derive(Default)]
+struct Gate {
+    armed: Option<(u64, Merges)>,
+    image: Option<Vec<u8>>,
+}
+
+/// A store's disk whose `gate`, while armed, holds a write from any thread but the flush
+/// thread's until `merges` (the store's count of merges) passes the armed value, and keeps the
+/// durable image of that moment: a power cut right after a merge, before the next log entry.
+#[derive(Clone, Default)]
+struct GatedDisk {
+    disk: std::sync::Arc<std::sync::Mutex<Disk>>,
+    gate: std::sync::Arc<std::sync::Mutex<Gate>>,
+}
+
+impl GatedDisk {
+    fn of(image: Vec<u8>) -> Self {
+        let disk = Disk {
+            live: image.clone(),
+            durable: image,
+            pending: Vec::new(),
+        };
+        GatedDisk {
+            disk: std::sync::Arc::new(std::sync::Mutex::new(disk)),
+            ..GatedDisk::default()
+        }
+    }
+
+    fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
+        self.disk.lock().expect("disk")
+    }
+
+    /// Holds a write back until the merge in flight is durable; keeps that image.
+    fn hold(&self) {
+        if std::thread::current().name() == Some("idempotency-store-flush") {
+            return;
+        }
+        let mut gate = self.gate.lock().expect("gate");
+        let Some((before, merges)) = gate.armed.take() else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        while merges() <= before {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no merge while the write waited: the workload no longer switches halves there"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        gate.image = Some(self.disk().durable.clone());
+    }
+}
+
+fn put(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[offset as usize..end].copy_from_slice(data);
+}
+
+impl std::fmt::Debug for GatedDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatedDisk")
+    }
+}
+
+impl redb::StorageBackend for GatedDisk {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.disk().live.len() as u64)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let disk = self.disk();
+        let data = disk
+            .live
+            .get(offset as usize..offset as usize + out.len())
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        out.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        let mut disk = self.disk();
+        disk.live.resize(len as usize, 0);
+        disk.durable.resize(len as usize, 0);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        let mut disk = self.disk();
+        for (offset, data) in std::mem::take(&mut disk.pending) {
+            put(&mut disk.durable, offset, &data);
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.hold();
+        let mut disk = self.disk();
+        put(&mut disk.live, offset, data);
+        disk.pending.push((offset, data.to_vec()));
+        Ok(())
+    }
+}
+
+const RETENTION: Duration = Duration::from_secs(3600);
+
+fn open_gated(disk: GatedDisk, clock: &ManualClock) -> Result<Store> {
+    Store::builder()
+        .retention(RETENTION)
+        .lease(LEASE)
+        .log_size(16 << 10)
+        .clock(clock.clone())
+        .open_with_backend(disk)
+}
+
+/// Claims a key of 200 bytes: about 80 of them fill a half of the 16 KiB log.
+fn filler(store: &Store, i: usize) -> Result<()> {
+    let key = Key::new(&format!("{i:0>200}"))?;
+    let Claim::Acquired(_) = store.claim(&key, fp())? else {
+        panic!("filler {i}: not acquired")
+    };
+    Ok(())
+}
+
+/// Completes "k" at `T0`; returns the store.
+fn completed_k(disk: GatedDisk, clock: &ManualClock) -> Result<Store> {
+    let store = open_gated(disk, clock)?;
+    let Claim::Acquired(lease) = store.claim(&Key::new("k")?, fp())? else {
+        panic!("k: not acquired")
+    };
+    store.complete(&lease, Response::new(200, "once"))?;
+    Ok(store)
+}
+
+/// The filler claim during which the log switches halves and the flush thread merges.
+fn first_merging_filler() -> Result<usize> {
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let store = completed_k(GatedDisk::default(), &clock)?;
+    for i in 0..1000 {
+        filler(&store, i)?;
+        // Waits for the flush thread's report.
+        store.stats()?;
+        if merges_of(&store) > 0 {
+            return Ok(i);
+        }
+    }
+    panic!("no merge in 1000 claims");
+}
+
+/// A lookup saw "k" expire; the next write switches the log's halves, and the power fails
+/// once the flush thread's merge is durable, before that write's log entry is written. The
+/// merge persisted the time the lookup used, so at a reopen with the clock 1 ms behind that
+/// moment "k" stays expired. (Every write after a read logs the read's time too, so only
+/// this crash, between a merge and the entry of the write that asked for it, leaves the
+/// merge as the one place that time was kept.)
+#[test]
+fn a_time_seen_only_by_a_read_survives_a_crash_after_a_merge() -> Result<()> {
+    let trigger = first_merging_filler()?;
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let disk = GatedDisk::default();
+    let store = std::sync::Arc::new(completed_k(disk.clone(), &clock)?);
+    for i in 0..trigger {
+        filler(&store, i)?;
+    }
+    assert_eq!(merges_of(&store), 0, "merged too early");
+    clock.advance(RETENTION);
+    assert_eq!(store.lookup(&Key::new("k")?)?, None, "expired");
+    let watched = std::sync::Arc::downgrade(&store);
+    let merges: Merges = Box::new(move || {
+        watched
+            .upgrade()
+            .map_or(u64::MAX, |store| merges_of(&store))
+    });
+    disk.gate.lock().expect("gate").armed = Some((0, merges));
+    filler(&store, trigger)?;
+    let image = disk.gate.lock().expect("gate").image.take();
+    let image = image.expect("the write after the lookup did not wait for a merge");
+    drop(store);
+
+    clock.set(Timestamp::from_millis(
+        T0 + RETENTION.as_millis() as u64 - 1,
+    ));
+    let store = open_gated(GatedDisk::of(image), &clock)?;
+    assert_eq!(
+        store.lookup(&Key::new("k")?)?,
+        None,
+        "the expired record came back to life"
+    );
+    assert!(
+        matches!(store.claim(&Key::new("k")?, fp())?, Claim::Acquired(_)),
+        "an expired record replayed"
+    );
+    Ok(())
+}
+
+fn merges_of(store: &Store) -> u64 {
+    store.metrics().engine.map_or(0, |engine| engine.merges)
+}

@@ -123,6 +123,56 @@ impl redb::StorageBackend for FailingSyncs {
     }
 }
 
+/// The sweeper's waits after failures in a row double from 10 ms up to its interval (1 s):
+/// its attempts start at 0, 10, 30, 70, 150, 310, 630, 1270, 2270, … ms at the earliest. A
+/// busy machine only delays them, so the test bounds the time to the sixth failure from below
+/// and the failures seen by a given moment from above; a fixed 10 ms wait fails both.
+#[test]
+fn a_failing_sweepers_backoff_grows() -> Result<()> {
+    use std::time::{Duration, Instant};
+    let disk = FailingSyncs::default();
+    let failing = std::sync::Arc::clone(&disk.failing);
+    let store = std::sync::Arc::new(Store::builder().open_with_backend(disk)?);
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        store
+            .claim(&Key::new("k")?, Fingerprint::of(["k"]))
+            .is_err()
+    );
+    let interval = Duration::from_secs(1);
+    // The earliest moment of each attempt, from the sweeper's start.
+    let earliest: Vec<Duration> = std::iter::successors(
+        Some((Duration::ZERO, Duration::from_millis(10))),
+        |&(at, wait)| Some((at + wait, (wait * 2).min(interval))),
+    )
+    .map(|(at, _)| at)
+    .take(64)
+    .collect();
+    let start = Instant::now();
+    let sweeper = store.start_sweeper(interval, 64);
+    while sweeper.errors() < 6 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no retries");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sixth = start.elapsed();
+    assert!(
+        sixth >= earliest[5],
+        "six failures in {sixth:?}: the waits did not grow (at the earliest {:?})",
+        earliest[5]
+    );
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(sixth));
+    let errors = sweeper.errors();
+    let elapsed = start.elapsed();
+    let possible = earliest.iter().filter(|&&at| at <= elapsed).count() as u64;
+    assert!(
+        errors <= possible,
+        "{errors} failures in {elapsed:?}, at most {possible} with waits doubling to 1 s"
+    );
+    assert!(errors >= 6, "{errors}");
+    drop(sweeper);
+    Ok(())
+}
+
 /// A sweeper whose sweeps fail keeps retrying (with backoff) and shows the error, instead of
 /// ending silently at the first one.
 #[test]

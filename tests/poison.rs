@@ -1,6 +1,7 @@
 //! Poisoning: a write or sync of the store's file that fails with `EIO` at any step of a batch, a flush, a merge or the close makes the store
-//! refuse every later write with `Error::Poisoned` while reads go on; a full disk (`ENOSPC`)
-//! refused before the write does not. Reopened from what the disk holds (the synced image,
+//! refuse every later write with `Error::Poisoned` while reads go on, and so does a sync that
+//! fails with `ENOSPC` or `EDQUOT`; a full disk (`ENOSPC`, `EDQUOT`) refused before the write
+//! does not. Reopened from what the disk holds (the synced image,
 //! as after a power cut, and the live one, as after a clean restart), the store keeps every
 //! acknowledged result and serves nothing unacknowledged as completed. Half the completions
 //! write a ledger row through an effect (`acks::complete`): rows and responses must match.
@@ -33,6 +34,15 @@ enum Kind {
 enum Failure {
     Eio,
     Enospc,
+    Edquot,
+}
+
+impl Failure {
+    /// Whether this failure of a call of `kind` poisons the store: anything on a sync (its
+    /// writes were handed over already), and anything but a full disk on a write.
+    fn poisons(self, kind: Kind) -> bool {
+        kind == Kind::Sync || self == Failure::Eio
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +85,7 @@ fn fail(failure: Failure) -> std::io::Error {
         // Linux's numbers; the store tells them apart by `ErrorKind` (StorageFull for ENOSPC).
         Failure::Eio => std::io::Error::from_raw_os_error(5),
         Failure::Enospc => std::io::Error::from(std::io::ErrorKind::StorageFull),
+        Failure::Edquot => std::io::Error::from(std::io::ErrorKind::QuotaExceeded),
     }
 }
 
@@ -238,13 +249,12 @@ fn run(plan: Option<Plan>) -> Result<Run> {
         }
     };
     let failed = workload(&store, &mut acks, &clock);
-    let failure = plan.map(|p| p.failure);
     // Waits for the flush thread's report, so a fault there has been seen.
     let settled = store.stats();
-    let eio = failure == Some(Failure::Eio);
+    let poisons = plan.is_some_and(|p| p.failure.poisons(p.kind));
     let fired = disk.disk().fired;
     let fresh = store.claim(&Key::new("fresh")?, fingerprint("fresh"));
-    if fired && eio {
+    if fired && poisons {
         // Poisoned, or the fault fired in its own flush.
         assert!(
             matches!(settled, Err(Error::Poisoned { .. } | Error::Storage { .. })),
@@ -257,7 +267,8 @@ fn run(plan: Option<Plan>) -> Result<Run> {
         let message = fresh.as_ref().err().map(ToString::to_string);
         assert!(message.unwrap_or_default().contains("reopen"));
     } else {
-        // No fault yet (or one that fires in this very claim), or a full disk: not poison.
+        // No fault yet (or one that fires in this very claim), or a full disk refusing a
+        // write: not poison.
         assert!(
             !matches!(fresh, Err(Error::Poisoned { .. })),
             "{plan:?}: poisoned without a fault that may lose data: {fresh:?}"
@@ -265,7 +276,7 @@ fn run(plan: Option<Plan>) -> Result<Run> {
     }
     let fired_before_close = disk.disk().fired;
     let closed = store.close();
-    if fired_before_close && eio {
+    if fired_before_close && poisons {
         assert!(
             matches!(closed, Err(Error::Poisoned { .. })),
             "{plan:?}: close of a poisoned store: {closed:?}"
@@ -350,6 +361,21 @@ fn eio_on_any_sync_poisons_and_loses_nothing_acknowledged() -> Result<()> {
 #[test]
 fn enospc_on_any_write_does_not_poison_and_loses_nothing_acknowledged() -> Result<()> {
     every_step(Kind::Write, Failure::Enospc).map(drop)
+}
+
+#[test]
+fn enospc_on_any_sync_poisons_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Sync, Failure::Enospc).map(drop)
+}
+
+#[test]
+fn edquot_on_any_sync_poisons_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Sync, Failure::Edquot).map(drop)
+}
+
+#[test]
+fn edquot_on_any_write_does_not_poison_and_loses_nothing_acknowledged() -> Result<()> {
+    every_step(Kind::Write, Failure::Edquot).map(drop)
 }
 
 #[test]

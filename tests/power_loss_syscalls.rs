@@ -1,6 +1,7 @@
 //! Power loss checked at the level of the real system calls, on the default build's own file
 //! I/O (`Store::open` on a path: redb's file backend, and the log's second handle opened with
-//! `O_DSYNC`), where `tests/power_loss.rs` goes through a custom storage backend.
+//! `O_DSYNC`, or in the `-portable` workloads without it, each write followed by `fdatasync`),
+//! where `tests/power_loss.rs` goes through a custom storage backend.
 //!
 //! A child process (this test binary, re-run with `CHILD_ENV` set) runs a workload under
 //! `strace -f`, which records every `openat` (with its flags: which descriptor has `O_DSYNC`),
@@ -17,7 +18,8 @@
 //! response), releases gone, nothing completed with a response no call was made with, the
 //! `complete_with` ledger equal to the completed records, and the store must take new writes.
 //! A negative control per workload that logs through `O_DSYNC` (an image from a disk that
-//! ignored `O_DSYNC`) must fail the check.
+//! ignored `O_DSYNC`) must fail the check. Each trace must also show the store file's
+//! directory synced after the file was created and before the first open returned.
 //!
 //! The trace is the thread schedule of one run, so two runs with one seed try different
 //! points; a failure prints the trace line, the image and what the store held, and keeps the
@@ -72,10 +74,13 @@ struct Workload {
     quota: bool,
     /// Close and reopen the store halfway (crash points then land in a recovery too).
     reopen: bool,
+    /// The portable log path (`portable_log_sync`): the log's handle without `O_DSYNC`, each
+    /// write followed by `fdatasync`, as on every platform but Linux.
+    portable: bool,
     mix: Mix,
 }
 
-const WORKLOADS: [Workload; 6] = [
+const WORKLOADS: [Workload; 8] = [
     // Group commit: 8 threads queue behind one leader's log write.
     Workload {
         name: "group",
@@ -85,6 +90,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Complete,
     },
     // The smallest log (two 8 KiB halves) with bodies up to 1.4 KiB: it switches halves and
@@ -97,6 +103,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: true,
+        portable: false,
         mix: Mix::Complete,
     },
     Workload {
@@ -107,6 +114,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::QuickRepair,
         quota: false,
         reopen: true,
+        portable: false,
         mix: Mix::Complete,
     },
     Workload {
@@ -117,6 +125,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Leases,
     },
     Workload {
@@ -127,6 +136,7 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: false,
         reopen: false,
+        portable: false,
         mix: Mix::Effects,
     },
     Workload {
@@ -137,6 +147,30 @@ const WORKLOADS: [Workload; 6] = [
         durability: Durability::Immediate,
         quota: true,
         reopen: false,
+        portable: false,
+        mix: Mix::Complete,
+    },
+    // The portable log path: group commit, then the smallest log across a reopen.
+    Workload {
+        name: "group-portable",
+        threads: 8,
+        keys: 10,
+        log_size: 64 << 10,
+        durability: Durability::Immediate,
+        quota: false,
+        reopen: false,
+        portable: true,
+        mix: Mix::Complete,
+    },
+    Workload {
+        name: "wrap-portable",
+        threads: 2,
+        keys: 40,
+        log_size: 16 << 10,
+        durability: Durability::Immediate,
+        quota: false,
+        reopen: true,
+        portable: true,
         mix: Mix::Complete,
     },
 ];
@@ -149,6 +183,7 @@ fn builder(workload: &Workload, clock: &ManualClock) -> StoreBuilder {
         .max_batch(32)
         .log_size(workload.log_size)
         .durability(workload.durability)
+        .portable_log_sync(workload.portable)
         .clock(clock.clone());
     if workload.quota {
         builder.max_records(1_000_000);
@@ -528,17 +563,53 @@ fn check_workload(workload: &Workload, wanted: Points, seed: u64, figures: &mut 
         points.len(),
         candidates,
     );
-    assert!(
-        trace.dsync_opens > 0,
-        "{}: no O_DSYNC descriptor",
-        workload.name
-    );
+    check_directory_synced(workload, &trace);
+    if workload.portable {
+        assert_eq!(
+            trace.dsync_opens, 0,
+            "{}: an O_DSYNC descriptor on the portable path",
+            workload.name
+        );
+    } else {
+        assert!(
+            trace.dsync_opens > 0,
+            "{}: no O_DSYNC descriptor",
+            workload.name
+        );
+    }
     figures.workloads += 1;
     figures.trace_lines += trace.lines;
     figures.file_calls += trace.counts.values().sum::<usize>();
     figures.points += points.len();
     figures.images += images;
     figures.duplicates += duplicates;
+}
+
+/// Creating the store must make the file's name durable before the open returns: an `fsync`
+/// of its directory after the `open` that created the file and before the first `ack O` note.
+/// Otherwise a power cut may lose the directory entry, and the next open would create an empty
+/// store (the crash images keep the file whatever happens to the directory, so they cannot
+/// show this).
+fn check_directory_synced(workload: &Workload, trace: &trace::Trace) {
+    let created = trace
+        .created
+        .unwrap_or_else(|| panic!("{}: no open created the store file", workload.name));
+    let opened = trace
+        .notes
+        .iter()
+        .find(|note| note.text.starts_with("ack O "))
+        .map(|note| note.start)
+        .unwrap_or_else(|| panic!("{}: the store never opened", workload.name));
+    assert!(
+        trace
+            .dir_syncs
+            .iter()
+            .any(|&line| created < line && line < opened),
+        "{}: no sync of the directory between the file's creation (trace line {created}) and \
+         the open's return (line {opened}); directory syncs at {:?}",
+        workload.name,
+        trace.dir_syncs
+    );
 }
 
 /// Builds the images of one crash point, checks each distinct one and tallies the outcomes;
@@ -732,7 +803,7 @@ fn run_all(points: Points) -> Figures {
         figures.creation_opened,
         figures.creation_refused.len(),
         figures.controls_caught,
-        WORKLOADS.iter().filter(|w| !w.quota).count(),
+        WORKLOADS.iter().filter(|w| !w.quota && !w.portable).count(),
         figures.failures.len(),
         started.elapsed().as_secs_f64()
     );

@@ -85,6 +85,29 @@ struct Writer {
     log: Log,
     /// The meta table's counters as of the last commit (see `Counters`).
     counters: Counters,
+    /// Tests only: the batch after this many more successful log writes panics once its
+    /// entry is written, before its changes reach the overlay or redb.
+    #[cfg(test)]
+    panic_after_log: Option<u64>,
+}
+
+impl Writer {
+    /// A batch's log entry is durable: the point at which an injected panic fires (tests).
+    #[cfg(test)]
+    #[allow(clippy::panic)]
+    fn logged(&mut self) {
+        match self.panic_after_log.as_mut() {
+            Some(0) => {
+                self.panic_after_log = None;
+                panic!("injected panic after the log write");
+            }
+            Some(left) => *left -= 1,
+            None => {}
+        }
+    }
+
+    #[cfg(not(test))]
+    fn logged(&mut self) {}
 }
 
 /// How many records the overlay's active generation collects before it is handed to the
@@ -120,6 +143,8 @@ impl Engine {
             Writer {
                 log,
                 counters: Counters::load(&meta)?,
+                #[cfg(test)]
+                panic_after_log: None,
             }
         };
         txn.commit()?;
@@ -345,6 +370,7 @@ impl Engine {
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
             self.stats.log_write();
+            writer.logged();
             self.overlay.absorb(&batch);
             writer.counters = counters;
             return self.hand_over(writer);
@@ -442,6 +468,7 @@ impl Engine {
         }
         if !changes.is_empty() {
             self.stats.log_write();
+            writer.logged();
         }
         self.commit_unsynced(txn, writer)?;
         writer.counters = counters;
@@ -676,5 +703,16 @@ impl Engine {
     /// The armed log fault, if it has not fired.
     pub(crate) fn log_fault(&self) -> Option<wal::LogFault> {
         self.writer.lock().log.fault
+    }
+
+    /// Arms (or disarms) a panic in the batch after `log_writes` more successful log
+    /// writes, once its entry is written (see `Writer::logged`).
+    pub(crate) fn set_panic_after_log(&self, log_writes: Option<u64>) {
+        self.writer.lock().panic_after_log = log_writes;
+    }
+
+    /// The successful log writes left before the armed panic, if it has not fired.
+    pub(crate) fn panic_after_log(&self) -> Option<u64> {
+        self.writer.lock().panic_after_log
     }
 }

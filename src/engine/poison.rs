@@ -77,7 +77,17 @@ pub(crate) struct Guarded {
 }
 
 impl Guarded {
-    fn watch<T>(&self, during: Io, what: &str, result: std::io::Result<T>) -> std::io::Result<T> {
+    /// Runs a write, resize or sync of the file, unless the store is poisoned: then nothing
+    /// more reaches the file. redb's own close writes and syncs its allocator state, and
+    /// that sync would make durable a commit whose earlier pages the failed sync dropped.
+    fn guard<T>(
+        &self,
+        during: Io,
+        what: &str,
+        call: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        self.poison.check().map_err(std::io::Error::other)?;
+        let result = call();
         if let Err(err) = &result {
             self.poison.io_failed(during, what, err);
         }
@@ -95,20 +105,21 @@ impl StorageBackend for Guarded {
     }
 
     fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.watch(
-            Io::Write,
-            "resizing the store file",
-            self.inner.set_len(len),
-        )
+        self.guard(Io::Write, "resizing the store file", || {
+            self.inner.set_len(len)
+        })
     }
 
     fn sync_data(&self) -> std::io::Result<()> {
-        self.watch(Io::Sync, "syncing the store file", self.inner.sync_data())
+        self.guard(Io::Sync, "syncing the store file", || {
+            self.inner.sync_data()
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let result = self.inner.write(offset, data);
-        self.watch(Io::Write, "writing the store file", result)
+        self.guard(Io::Write, "writing the store file", || {
+            self.inner.write(offset, data)
+        })
     }
 
     fn close(&self) -> std::io::Result<()> {

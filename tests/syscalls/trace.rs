@@ -1,5 +1,5 @@
 //! Reading an strace log (`strace -f -qq -y -xx -s N`): the calls that touch the store file
-//! and the lines the workload wrote to its acknowledgement file, each with the trace lines at
+//! (and the syncs of its directory) and the lines the workload wrote to its acknowledgement file, each with the trace lines at
 //! which it started and returned.
 //!
 //! With `-f`, a call interrupted by another thread's output shows as `NAME(args <unfinished
@@ -57,6 +57,10 @@ pub struct Trace {
     pub counts: HashMap<String, usize>,
     /// Descriptors of the store file opened with `O_DSYNC`.
     pub dsync_opens: usize,
+    /// The line where an `open` with `O_CREAT` of the store file returned, the first time.
+    pub created: Option<usize>,
+    /// The lines where an `fsync`/`fdatasync` of the store file's directory returned.
+    pub dir_syncs: Vec<usize>,
     pub lines: usize,
 }
 
@@ -253,6 +257,9 @@ impl Trace {
                 if path == store {
                     *self.counts.entry("open".to_owned()).or_default() += 1;
                     self.dsync_opens += usize::from(dsync);
+                    if flags.contains("O_CREAT") || call.name == "creat" {
+                        self.created.get_or_insert(span.1);
+                    }
                 }
                 fds.insert(fd_number, (path, dsync));
             }
@@ -290,6 +297,12 @@ impl Trace {
                 });
             }
             return Ok(());
+        }
+        let directory = std::path::Path::new(store).parent();
+        if directory.is_some_and(|d| d.as_os_str() == path.as_str())
+            && matches!(call.name.as_str(), "fsync" | "fdatasync")
+        {
+            self.dir_syncs.push(end);
         }
         if path != store {
             if call.name == "mmap" && call.args.iter().any(|a| a.contains(&hex_path(store))) {
