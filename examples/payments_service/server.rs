@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -397,11 +397,29 @@ fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem
 
 // ---------------------------------------------------------------- serving over std::net
 
-/// A running server: worker threads accepting on one listener, one request per connection.
+/// How long a request may take to arrive once its first byte has.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a kept-alive connection may sit idle between requests.
+const IDLE_LIMIT: Duration = Duration::from_secs(5);
+
+/// How often an idle worker looks up from its connection: to stop, or to let a waiting
+/// connection in when no other worker is free to accept it.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// A running server: worker threads accepting on one listener, each serving one connection at a
+/// time, kept alive between requests (HTTP/1.1 persistent connections).
 pub struct Running {
     addr: SocketAddr,
-    stopping: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+}
+
+/// What the workers share: whether to stop, and how many of them wait in `accept`.
+#[derive(Default)]
+struct Shared {
+    stopping: AtomicBool,
+    accepting: AtomicUsize,
 }
 
 /// Listens on `listen` (`127.0.0.1:0` picks a free port) and serves with `options.threads`
@@ -420,27 +438,34 @@ pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
 pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>> + Send + Sync>;
 
 /// Serves `handler` on `listen` with `threads` workers (also used by tests/http_flow.rs).
+///
+/// A connection stays open after a response unless the request asked for `Connection: close`,
+/// was HTTP/1.0 or malformed, or the server is stopping. Between requests a worker gives its
+/// connection up (closes it) after [`IDLE_LIMIT`], or after [`IDLE_POLL`] when no other worker
+/// is waiting to accept, so idle clients cannot keep new connections out.
 pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
     let listener = Arc::new(
         TcpListener::bind(listen).map_err(|err| format!("cannot listen on {listen}: {err}"))?,
     );
     let addr = listener.local_addr()?;
-    let stopping = Arc::new(AtomicBool::new(false));
+    let shared = Arc::new(Shared::default());
     let workers = (0..threads.max(1))
         .map(|_| {
-            let (listener, handler, stopping) = (
+            let (listener, handler, shared) = (
                 Arc::clone(&listener),
                 Arc::clone(&handler),
-                Arc::clone(&stopping),
+                Arc::clone(&shared),
             );
             std::thread::spawn(move || {
                 loop {
+                    shared.accepting.fetch_add(1, Ordering::SeqCst);
                     let accepted = listener.accept();
-                    if stopping.load(Ordering::SeqCst) {
+                    shared.accepting.fetch_sub(1, Ordering::SeqCst);
+                    if shared.stopping.load(Ordering::SeqCst) {
                         return;
                     }
                     match accepted {
-                        Ok((stream, _)) => serve(&*handler, stream),
+                        Ok((stream, _)) => serve(&*handler, &stream, &shared),
                         Err(err) => eprintln!("payments: accepting a connection failed: {err}"),
                     }
                 }
@@ -449,7 +474,7 @@ pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Runn
         .collect();
     Ok(Running {
         addr,
-        stopping,
+        shared,
         workers,
     })
 }
@@ -469,10 +494,10 @@ impl Running {
 }
 
 impl Drop for Running {
-    /// Stops the workers after their current request and closes the store (once the last
-    /// worker has dropped it), so the file can be opened again.
+    /// Stops the workers after their current request (idle connections are closed) and closes
+    /// the store (once the last worker has dropped it), so the file can be opened again.
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.shared.stopping.store(true, Ordering::SeqCst);
         for _ in &self.workers {
             // Wakes one worker blocked in accept.
             let _ = TcpStream::connect(self.addr);
@@ -483,18 +508,77 @@ impl Drop for Running {
     }
 }
 
-fn serve(handler: &dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>, stream: TcpStream) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let mut reader = BufReader::new(&stream);
-    let answer = match read_request(&mut reader) {
-        Ok(request) => handler(request),
-        Err(problem) => problem.to_http(),
-    };
-    // The client may be gone (a lost answer): its retry gets the stored answer.
-    let _ = write_response(&stream, answer);
+/// Answers the requests of one connection until it is closed or should be.
+fn serve(
+    handler: &dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>,
+    stream: &TcpStream,
+    shared: &Shared,
+) {
+    let mut reader = BufReader::new(stream);
+    let mut first = true;
+    while first || next_request_arrives(stream, &mut reader, shared) {
+        first = false;
+        let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
+        let (answer, keep) = match read_request(&mut reader) {
+            Ok(request) => {
+                let keep = keeps_alive(&request);
+                (handler(request), keep)
+            }
+            Err(problem) => (problem.to_http(), false),
+        };
+        let keep = keep && !shared.stopping.load(Ordering::SeqCst);
+        // The client may be gone (a lost answer): its retry gets the stored answer.
+        if write_response(stream, answer, keep).is_err() || !keep {
+            return;
+        }
+    }
 }
 
-fn write_response(mut stream: &TcpStream, answer: http::Response<Vec<u8>>) -> std::io::Result<()> {
+/// Whether an HTTP/1.1 request lets the connection persist (RFC 9112 section 9.3).
+fn keeps_alive(request: &http::Request<Vec<u8>>) -> bool {
+    let close = request
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("close"));
+    request.version() == http::Version::HTTP_11 && !close
+}
+
+/// Waits for the first byte of the next request on a kept-alive connection; `false` when the
+/// client closed it or the worker should give it up (see [`serve_with`]).
+fn next_request_arrives(stream: &TcpStream, reader: &mut impl BufRead, shared: &Shared) -> bool {
+    let _ = stream.set_read_timeout(Some(IDLE_POLL));
+    let idle_since = std::time::Instant::now();
+    loop {
+        match reader.fill_buf() {
+            Ok(buffered) => return !buffered.is_empty(),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let crowded = shared.accepting.load(Ordering::SeqCst) == 0;
+                if crowded
+                    || shared.stopping.load(Ordering::SeqCst)
+                    || idle_since.elapsed() >= IDLE_LIMIT
+                {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+fn write_response(
+    mut stream: &TcpStream,
+    answer: http::Response<Vec<u8>>,
+    keep: bool,
+) -> std::io::Result<()> {
     let (parts, body) = answer.into_parts();
     let reason = parts.status.canonical_reason().unwrap_or("");
     let mut head = format!("HTTP/1.1 {} {reason}\r\n", parts.status.as_u16()).into_bytes();
@@ -504,10 +588,8 @@ fn write_response(mut stream: &TcpStream, answer: http::Response<Vec<u8>>) -> st
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
-    let tail = format!(
-        "content-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
+    let connection = if keep { "" } else { "connection: close\r\n" };
+    let tail = format!("content-length: {}\r\n{connection}\r\n", body.len());
     head.extend_from_slice(tail.as_bytes());
     head.extend_from_slice(&body);
     stream.write_all(&head)
@@ -524,7 +606,15 @@ fn read_request(reader: &mut impl BufRead) -> Result<http::Request<Vec<u8>>, Pro
     let (Some(method), Some(target)) = (words.next(), words.next()) else {
         return Err(bad("malformed request line"));
     };
-    let mut builder = http::Request::builder().method(method).uri(target);
+    // Anything but HTTP/1.1 is answered as HTTP/1.0 would be: the connection then closes.
+    let version = match words.next() {
+        Some("HTTP/1.1") => http::Version::HTTP_11,
+        _ => http::Version::HTTP_10,
+    };
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(target)
+        .version(version);
     let mut length = 0u64;
     let mut fields = 0;
     loop {
