@@ -8,12 +8,17 @@ use std::time::Duration;
 use idempotency_store::{
     Claim, Error, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
 };
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 /// `name{label=value,...}` → the counter's value, or a histogram's number of samples.
 fn recorded(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
+    snapshot(&recorder.snapshotter())
+}
+
+/// [`recorded`], through a snapshotter (histograms are drained by each snapshot).
+fn snapshot(snapshotter: &Snapshotter) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         let mut labels: Vec<String> = key
             .labels()
@@ -164,5 +169,67 @@ fn postgres_counts_reach_the_recorder_with_backend_postgres() {
     for redb_only in ["batches_total", "log_writes_total", "overlay_records"] {
         let name = format!("idempotency_{redb_only}{{backend=postgres}}");
         assert_eq!(got.get(&name), None, "{got:#?}");
+    }
+}
+
+/// `name` → the change from `before` to `after` (`recorded` drains histograms, so theirs is
+/// `after`'s count); unchanged series are left out.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(name, &value)| {
+            let was = if name.contains("_seconds") {
+                0
+            } else {
+                before.get(name).copied().unwrap_or(0)
+            };
+            (name.clone(), value - was)
+        })
+        .filter(|&(_, value)| value > 0)
+        .collect()
+}
+
+/// The store caches its series' handles in the global recorder: a global recorder installed
+/// after the store opened still gets every count, and local recorders (one after another, at
+/// the same address) still get theirs and keep them from the global one.
+#[test]
+fn a_global_recorder_installed_after_open_gets_every_count_and_local_ones_still_win() {
+    // `drive` needs a fresh key each time: one store per drive, all opened before the install.
+    let mut stores = (0..7)
+        .map(|_| {
+            Store::builder()
+                .lease(Duration::from_secs(60))
+                .clock(ManualClock::new(Timestamp::from_millis(1_700_000_000_000)))
+                .open_in_memory()
+                .expect("open")
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
+    let mut next = move || stores.next().expect("a store per drive");
+    drive(&next());
+    let global = DebuggingRecorder::new();
+    let snapshotter = global.snapshotter();
+    let global_recorded = || snapshot(&snapshotter);
+    global
+        .install()
+        .expect("the only global recorder of this test binary");
+    for round in 0..3 {
+        let before = global_recorded();
+        drive(&next());
+        check_common(&delta(&before, &global_recorded()), "redb");
+
+        let before = global_recorded();
+        let local = DebuggingRecorder::new();
+        let store = next();
+        metrics::with_local_recorder(&local, || drive(&store));
+        check_common(&recorded(&local), "redb");
+        let leaked = delta(&before, &global_recorded());
+        for (name, _) in expected("redb") {
+            assert_eq!(
+                leaked.get(&name),
+                None,
+                "round {round}: {name} reached the global"
+            );
+        }
     }
 }

@@ -3,10 +3,23 @@
 //! static here, built at compile time, so publishing one allocates nothing and hashes nothing
 //! (see `publish`). Without the feature a series is an empty value and the names are unused.
 
-/// One published series: a name with its `backend` label and at most one more label.
+/// One published series: a name with its `backend` label and at most one more label, and its
+/// handle in the global recorder once registered there (see `publish`).
 #[cfg(feature = "metrics")]
 #[derive(Debug)]
-pub(crate) struct Series(pub(crate) metrics::Key);
+pub(crate) struct Series(
+    pub(crate) metrics::Key,
+    pub(crate) std::sync::OnceLock<Handle>,
+);
+
+/// A series' handle in the global recorder; each series is used as one kind.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+pub(crate) enum Handle {
+    Counter(metrics::Counter),
+    Histogram(metrics::Histogram),
+    Gauge(metrics::Gauge),
+}
 
 /// One published series (nothing without feature `metrics`).
 #[cfg(not(feature = "metrics"))]
@@ -23,7 +36,10 @@ macro_rules! series {
             metrics::Label::from_static_parts("backend", $backend),
             $(metrics::Label::from_static_parts($label, $value),)?
         ];
-        Series(metrics::Key::from_static_parts($name, LABELS))
+        Series(
+            metrics::Key::from_static_parts($name, LABELS),
+            std::sync::OnceLock::new(),
+        )
     }};
 }
 
