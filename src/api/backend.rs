@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
+use crate::api::outcome::{Claim, Lease, Outcome, RecordView, Replay};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::{Error, Result};
@@ -78,6 +78,17 @@ pub trait IdempotencyStore: Send + Sync {
     /// As for [`claim`](IdempotencyStore::claim).
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
         poll_claim_wait(self, key, fingerprint, timeout, |_| {})
+    }
+
+    /// The replay a [`claim`](IdempotencyStore::claim) would answer, if this backend can give
+    /// it from memory without blocking (no I/O, no waiting on a writer); `None`: call
+    /// `claim`. The tower layer asks this on the async thread before it hands a claim to the
+    /// blocking pool. The default keeps nothing (`PgStore`: every answer is a round trip); the
+    /// redb [`Store`](crate::Store) keeps recently replayed keys
+    /// ([`Store::cached_replay`](crate::Store::cached_replay)).
+    fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
+        let _ = (key, fingerprint);
+        None
     }
 
     /// The store's current time, the one its leases and expiry are counted in (for example to
@@ -261,6 +272,10 @@ macro_rules! forward {
                 timeout: Duration,
             ) -> Result<Claim> {
                 (**self).claim_wait(key, fingerprint, timeout)
+            }
+
+            fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
+                (**self).cached_replay(key, fingerprint)
             }
 
             fn now(&self) -> Result<Timestamp> {

@@ -111,6 +111,20 @@ pub(crate) fn claim<S: IdempotencyStore + ?Sized>(
     }
 }
 
+/// The replay answer, if the store can give it from memory without blocking
+/// ([`IdempotencyStore::cached_replay`]).
+pub(crate) fn cached_replay<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    ticket: &Ticket,
+) -> Option<Answer> {
+    let replay = store.cached_replay(&ticket.key, ticket.fingerprint)?;
+    match decide(store, options, ticket, Ok(Claim::Completed(replay))) {
+        Decided::Answer(answer) => Some(answer),
+        Decided::Run(_) => None,
+    }
+}
+
 /// Maps the claim to the handler's run, a replay, 409 or 422. Blocks (for the store's time
 /// on a 409).
 pub(crate) fn decide<S: IdempotencyStore + ?Sized>(

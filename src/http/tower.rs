@@ -190,6 +190,10 @@ impl Flow {
             Ok(ticket) => ticket,
             Err(answer) => return Ok(into_body(*answer)),
         };
+        // A replay the store keeps in memory needs no trip to the blocking pool.
+        if let Some(answer) = flow::cached_replay(&*self.store, options, &ticket) {
+            return Ok(into_body(answer));
+        }
         let (ticket, lease, period) = match self.claim(ticket).await {
             Claimed::Run(ticket, lease, period) => (ticket, lease, period),
             Claimed::Answer(answer) => return Ok(into_body(answer)),

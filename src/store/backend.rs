@@ -6,7 +6,7 @@ use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::api::outcome::{Claim, Lease, RecordView, Replay};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::Result;
@@ -19,6 +19,10 @@ impl IdempotencyStore for Store {
 
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
         Store::claim_wait(self, key, fingerprint, timeout)
+    }
+
+    fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
+        Store::cached_replay(self, key, fingerprint)
     }
 
     fn now(&self) -> Result<Timestamp> {

@@ -64,6 +64,7 @@ pub struct StoreBuilder {
     pub(crate) create_if_missing: bool,
     pub(crate) portable_log_sync: bool,
     pub(crate) effects: Registry,
+    pub(crate) replay_cache: usize,
 }
 
 /// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.
@@ -82,6 +83,7 @@ impl Default for StoreBuilder {
             max_bytes: None,
             when_full: WhenFull::Refuse,
             clock: Arc::new(SystemClock),
+            replay_cache: 4 << 20,
             create_if_missing: true,
             portable_log_sync: false,
             effects: Registry::default(),
@@ -103,6 +105,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("create_if_missing", &self.create_if_missing)
             .field("portable_log_sync", &self.portable_log_sync)
             .field("effect_tables", &self.effects)
+            .field("replay_cache", &self.replay_cache)
             .finish_non_exhaustive()
     }
 }
@@ -157,6 +160,15 @@ impl StoreBuilder {
     /// dominate, lower it for a small device.
     pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
         self.cache_size = bytes;
+        self
+    }
+
+    /// Memory for replays answered without reading the store, in bytes (default 4 MiB; 0 turns
+    /// it off): see [`Store::cached_replay`], which the tower layer uses so that a retry of a
+    /// completed key is answered on the async thread. Each kept replay costs its key, headers
+    /// and body plus about 160 bytes; the oldest go first.
+    pub fn replay_cache(&mut self, bytes: usize) -> &mut Self {
+        self.replay_cache = bytes;
         self
     }
 

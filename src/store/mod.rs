@@ -10,6 +10,7 @@ pub(crate) mod hooks;
 mod log_faults;
 pub(crate) mod maintenance;
 pub(crate) mod metrics;
+mod replay_cache;
 pub(crate) mod sweep;
 pub(crate) mod wait;
 
@@ -19,7 +20,7 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::{Call, Counters};
-use crate::api::outcome::{Claim, Lease, Outcome, RecordView};
+use crate::api::outcome::{Claim, Lease, Outcome, RecordView, Replay};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
 use crate::api::series;
@@ -46,6 +47,7 @@ pub struct Store {
     waiters: Waiters,
     pub(crate) metrics: Counters,
     pub(crate) sweeper: SweeperState,
+    replays: replay_cache::ReplayCache,
 }
 
 impl std::fmt::Debug for Store {
@@ -74,7 +76,10 @@ impl Store {
 
     pub(crate) fn new(engine: Engine, config: StoreBuilder, path: Option<PathBuf>) -> Store {
         let show_keys = config.settings.trace_keys;
+        let evicts = config.when_full == crate::WhenFull::EvictOldestCompleted;
+        let replays = replay_cache::ReplayCache::new(if evicts { 0 } else { config.replay_cache });
         Store {
+            replays,
             engine,
             config,
             path,
@@ -164,9 +169,49 @@ impl Store {
         result
     }
 
+    /// The replay a [`claim`](Store::claim) of `key` with `fingerprint` would answer, if it
+    /// can be given from memory: the key's completed response, kept since an earlier claim
+    /// replayed it. Never blocks on I/O or on the writer (one short lock), so the tower layer
+    /// calls it on the async thread and hands only the other claims to the blocking pool.
+    /// `None`: not kept (never replayed yet, evicted, another fingerprint, or expired), so
+    /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](Store::metrics)
+    /// as everywhere.
+    ///
+    /// Memory: up to [`StoreBuilder::replay_cache`] bytes (default 4 MiB), filled only once
+    /// this method has been called; a store that evicts completed records to make room
+    /// ([`WhenFull::EvictOldestCompleted`](crate::WhenFull::EvictOldestCompleted)) keeps none.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("order-7")?;
+    /// let fp = Fingerprint::of(["POST", "/orders", "{}"]);
+    /// assert!(store.cached_replay(&key, fp).is_none());
+    /// let Claim::Acquired(lease) = store.claim(&key, fp)? else { unreachable!() };
+    /// store.complete(&lease, Response::new(201, "created"))?;
+    /// assert!(matches!(store.claim(&key, fp)?, Claim::Completed(_))); // kept from here on
+    /// assert_eq!(store.cached_replay(&key, fp).map(|r| r.response.body), Some(b"created".to_vec()));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    #[must_use]
+    pub fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
+        let started = std::time::Instant::now();
+        let replay = self.replays.get(key, fingerprint, self.now())?;
+        let claim = Ok(Claim::Completed(replay));
+        self.metrics.claimed(&claim, started);
+        match claim {
+            Ok(Claim::Completed(replay)) => Some(replay),
+            _ => None,
+        }
+    }
+
     fn claim_unmetered(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         self.check_key(key)?;
         if let Verdict::Answer(answer) = verdict(self.read(key)?, fingerprint, self.now()) {
+            if let Claim::Completed(replay) = &answer {
+                self.replays.insert(key, fingerprint, replay);
+            }
             return Ok(answer);
         }
         self.engine
