@@ -99,7 +99,8 @@
 //!   bounded wait, replay, 409 with a measured `Retry-After`, 413/422/503, completion or
 //!   release, and a heartbeat for slow handlers.
 //! - `tower` (implies `http`): `http::tower::IdempotencyLayer`, the same flow as a tower
-//!   layer for axum or any hyper service, with every store call on tokio's blocking pool
+//!   layer for axum or any hyper service, with every store call that can block on tokio's
+//!   blocking pool
 //!   (adds `tokio`, `tower`, `http-body`, `http-body-util` and `bytes`).
 //! - `cli`: the operator binary `idempotency-store` (it brings `postgres` along, since it also
 //!   works on PostgreSQL tables).

@@ -1,6 +1,6 @@
 //! The tower/axum form (feature `tower`): [`IdempotencyLayer`] runs the flow of
 //! [`handle`](super::handle) around any tower service of `http` requests, with every store
-//! call on tokio's blocking pool.
+//! call that can block on tokio's blocking pool.
 //!
 //! ```
 //! use idempotency_store::http::{tower::IdempotencyLayer, HandleOptions};
@@ -18,10 +18,16 @@
 //! - The body of a covered request is read into memory, at most
 //!   [`max_body`](HandleOptions::max_body) bytes (413 beyond; 400 if it cannot be read), and
 //!   handed to the inner service as one chunk. Requests that are not covered are not touched.
-//! - Every store call (claim, `claim_wait` when [`wait`](HandleOptions::wait) is set,
-//!   heartbeat, complete, release, the store's time) runs in
+//! - Every store call that can block (claim, `claim_wait` when [`wait`](HandleOptions::wait)
+//!   is set, heartbeat, complete, release, the store's time) runs in
 //!   [`tokio::task::spawn_blocking`]: nothing blocks an async worker thread, with the embedded
 //!   `Store` and with `PgStore`'s synchronous client alike. The layer needs a tokio runtime.
+//!   One call runs on the async thread first:
+//!   [`IdempotencyStore::cached_replay`](crate::IdempotencyStore::cached_replay), which
+//!   answers a retry of a key the store has replayed before from memory (no I/O, one short
+//!   lock; the redb `Store` keeps such replays, `PgStore` none), so that a retry storm costs
+//!   no trip to the blocking pool and back, which on a small machine costs more than the
+//!   claim itself (BENCHMARKS.md). Everything else about the answer is as for a claim.
 //! - The inner service's [`LeaseWatch`] is in the request's extensions; the heartbeat is a
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
 //! - The response body is read whole before it is stored (a body that fails to stream gives
