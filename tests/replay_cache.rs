@@ -71,7 +71,10 @@ fn never_answers_once_the_record_expired_and_then_follows_the_new_record() {
     let clock = clock();
     let store = builder(&clock).open_in_memory().expect("open");
     let (key, fp) = (Key::new("k").expect("key"), Fingerprint::of(["a"]));
-    assert!(store.cached_replay(&key, fp).is_none(), "asked once: filled from here on");
+    assert!(
+        store.cached_replay(&key, fp).is_none(),
+        "asked once: filled from here on"
+    );
     complete_and_replay(&store, &key, fp, "first");
     clock.advance(RETENTION - Duration::from_millis(1));
     assert!(
