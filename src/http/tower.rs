@@ -23,7 +23,7 @@
 //!   [`tokio::task::spawn_blocking`]: nothing blocks an async worker thread, with the embedded
 //!   `Store` and with `PgStore`'s synchronous client alike. The layer needs a tokio runtime.
 //!   One call runs on the async thread first:
-//!   [`IdempotencyStore::cached_replay`](crate::IdempotencyStore::cached_replay), which
+//!   [`IdempotencyStore::cached_replay`], which
 //!   answers a retry of a key the store has replayed before from memory (no I/O, one short
 //!   lock; the redb `Store` keeps such replays, `PgStore` none), so that a retry storm costs
 //!   no trip to the blocking pool and back, which on a small machine costs more than the
