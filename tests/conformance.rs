@@ -1061,7 +1061,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        2
+        3
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1078,6 +1078,50 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
         foreign.open(&Settings::default()),
         Err(Error::NotAStore { .. })
     ));
+    Ok(())
+}
+
+/// A schema left at migration 2 by an older build (`idempotency_lock_key` in `LANGUAGE sql`)
+/// is brought to migration 3 (the same function in PL/pgSQL), its records intact.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
+    let Some(db) = pg::Db::fresh("migration_2") else {
+        return Ok(());
+    };
+    let plpgsql = "SELECT count(*) FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang \
+         WHERE p.pronamespace = '{schema}'::regnamespace AND p.proname = 'idempotency_lock_key' \
+         AND l.lanname = 'plpgsql'";
+    let (first, _) = db.open(&Settings::default())?;
+    let held = acquire(&first, &Key::new("held")?, fp("a"));
+    drop(first);
+    assert_eq!(db.query_i64(plpgsql)?, 1);
+    // Back to what migration 2 left: its function, and no record of migration 3.
+    db.execute(
+        "DELETE FROM {schema}.idempotency_schema_migrations WHERE version = 3; \
+         CREATE OR REPLACE FUNCTION {schema}.idempotency_lock_key(p_scope text, p_key text) \
+         RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
+             SELECT pg_advisory_xact_lock(1768187245, hashtext(p_scope || chr(1) || p_key)); \
+             SELECT count(*) FROM (SELECT 1 FROM {schema}.idempotency_keys AS x \
+                 WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
+         $f$;",
+    )?;
+    assert_eq!(db.query_i64(plpgsql)?, 0);
+    let (store, _) = db.open(&Settings::default())?;
+    assert_eq!(db.query_i64(plpgsql)?, 1);
+    assert_eq!(
+        db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
+        3
+    );
+    // The record survived, and claims (which call the new function) work.
+    assert!(matches!(
+        store.claim(&Key::new("held")?, fp("a"))?,
+        Claim::InProgress { .. }
+    ));
+    store.complete(&held, Response::new(200, "before the migration"))?;
+    let fresh = acquire(&store, &Key::new("fresh")?, fp("b"));
+    assert!(fresh.token() > held.token());
+    store.complete(&fresh, Response::new(200, "after the migration"))?;
     Ok(())
 }
 

@@ -36,7 +36,7 @@ mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 2;
+const SCHEMA_VERSION: i32 = 3;
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
@@ -58,12 +58,13 @@ const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
 const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
 
 /// The start of every statement that acquires a key (`$2` scope, `$3` key): `w` calls
-/// `idempotency_lock_key` (migration 2), which takes the key's advisory lock, so that claims of
-/// one key run one at a time, and then locks the key's row if there is one (waiting out a
-/// release, completion or sweep in flight); only then does `c` read the time. The function's
-/// row lock runs on a snapshot taken after the advisory lock (a volatile function's queries
-/// each take a fresh one), so it also sees a row that the claim it waited for committed; the
-/// statement's own snapshot, taken before the wait, would not.
+/// `idempotency_lock_key` (migration 2, in PL/pgSQL since migration 3), which takes the key's
+/// advisory lock, so that claims of one key run one at a time, and then locks the key's row if
+/// there is one (waiting out a release, completion or sweep in flight); only then does `c` read
+/// the time. The function's row lock runs on a snapshot taken after the advisory lock (each
+/// statement of a volatile PL/pgSQL function takes a fresh one at READ COMMITTED), so it also
+/// sees a row that the claim it waited for committed; the statement's own snapshot, taken
+/// before the wait, would not.
 fn claim_lock(schema: &str, scope: &str, key: &str) -> String {
     format!(
         "WITH w AS MATERIALIZED (SELECT \"{schema}\".idempotency_lock_key({scope}::text, \
@@ -178,7 +179,9 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// takes a transaction-scoped advisory lock on the key (`pg_advisory_xact_lock(0x6964656d,
 /// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
 /// advisory locks) and then locks the key's row if it exists (on a fresh snapshot, so a row
-/// committed while it waited counts), and only then read the time and draw the token from
+/// committed while it waited counts; the function is PL/pgSQL, so its two statements are
+/// planned once per connection, not on every call), and only then read the time and draw the
+/// token from
 /// the sequence. So claims of one
 /// key run one at a time (claims of other keys do not wait, apart from a rare hash
 /// collision), and a claim that waited behind another claim, a release, a completion or a
@@ -1099,7 +1102,7 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 2] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 3] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -1139,6 +1142,27 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 2] {
                  SELECT count(*) FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
              $f$;"
+            ),
+        ),
+        (
+            3,
+            "idempotency_lock_key in PL/pgSQL: its plans cached per session (issues 17, 21)",
+            // The same two steps as migration 2. A `LANGUAGE sql` function with two statements
+            // is not inlined, so PostgreSQL parsed and planned both on every call (about a
+            // third of a new key's claim); PL/pgSQL keeps their plans for the session. Each of
+            // its statements still takes a fresh snapshot at READ COMMITTED, so the row lock
+            // sees a row that the claim it waited for committed.
+            format!(
+                "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
+             DECLARE held bigint; \
+             BEGIN \
+                 PERFORM pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key)); \
+                 SELECT count(*) INTO held FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS r; \
+                 RETURN held; \
+             END $f$;"
             ),
         ),
     ]
