@@ -88,7 +88,7 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
 
 /// `GET /metrics`: the store's metrics (README, "Metrics") in the Prometheus text format.
 fn metrics_route(store: Arc<Store>) -> Result<Router, BoxError> {
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let prometheus = server::install_prometheus()?;
     let render = move || {
         let _gauges = store.metrics(); // sets the overlay and file-size gauges
         let text = prometheus.render();

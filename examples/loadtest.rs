@@ -2389,7 +2389,18 @@ fn main() -> ExitCode {
     };
     let recorder = if args.recorder {
         match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-            Ok(handle) => Some(handle),
+            Ok(handle) => {
+                // As a deployment would (the exporter's own listener does this every 5 s):
+                // without upkeep, histogram samples pile up for the whole run.
+                let upkeep = handle.clone();
+                std::thread::spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                });
+                Some(handle)
+            }
             Err(e) => {
                 eprintln!("installing the Prometheus recorder: {e}");
                 return ExitCode::FAILURE;

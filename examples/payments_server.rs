@@ -72,10 +72,7 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), BoxError> {
 /// Opens the store and serves until the process ends.
 pub fn serve(args: &Args) -> Result<(), BoxError> {
     let store = args.serve.open_store()?;
-    // The process's one global recorder, so that the store's counts reach `GET /metrics`.
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
+    let prometheus = server::install_prometheus()?;
     let payments = Payments::open(store, args.serve.service(args.threads))?
         .with_metrics_page(move || prometheus.render());
     let running = server::start(payments, &args.serve.listen)?;

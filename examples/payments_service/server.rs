@@ -140,6 +140,28 @@ type MetricsPage = Box<dyn Fn() -> String + Send + Sync>;
 /// The Prometheus text format's content type (exposition format 0.0.4).
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
 
+/// How often the exporter drains histogram samples when nobody scrapes (its own default).
+const PROMETHEUS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Installs the process's one global Prometheus recorder, so that the store's counts reach
+/// `GET /metrics`, and runs its upkeep: without it, the exporter keeps every histogram sample
+/// between scrapes, so memory grows with traffic while nobody scrapes.
+pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, BoxError> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
+    let upkeep = handle.clone();
+    std::thread::Builder::new()
+        .name("prometheus-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(PROMETHEUS_UPKEEP);
+                upkeep.run_upkeep();
+            }
+        })?;
+    Ok(handle)
+}
+
 /// The service: the store, the idempotency options, and the charges mirrored in memory.
 pub struct Payments {
     store: Arc<Store>,
