@@ -17,7 +17,8 @@
 //! whenever the current recorder is that one. Any other recorder (a local one, or the no-op
 //! one before a global is installed) is asked on every call, as before. The facade does not
 //! say which recorder is the global one, so a thread of our own, which has no local recorder,
-//! looks (at most every [`LOOK_INTERVAL`], and only while none has been found).
+//! looks (at most every [`LOOK_INTERVAL`], only while none has been found, and without the
+//! calling thread waiting for it).
 
 use std::time::Duration;
 
@@ -78,47 +79,70 @@ fn is_global(recorder: &dyn metrics::Recorder) -> bool {
     {
         return false;
     }
-    let found = std::thread::Builder::new()
+    // Not joined: a store call may run on an async worker thread, which must not wait. This
+    // call and those before the look ends ask the recorder, as for any other.
+    let _ = std::thread::Builder::new()
         .name("idempotency-metrics".into())
-        .spawn(|| metrics::with_recorder(|r| (std::mem::size_of_val(r) > 0).then(|| address(r))))
-        .ok()
-        .and_then(|thread| thread.join().ok())
-        .flatten();
-    if let Some(found) = found {
-        GLOBAL.store(found, Relaxed);
-    }
-    found == Some(here)
+        .spawn(|| {
+            let found =
+                metrics::with_recorder(|r| (std::mem::size_of_val(r) > 0).then(|| address(r)));
+            if let Some(found) = found {
+                GLOBAL.store(found, Relaxed);
+            }
+        });
+    false
+}
+
+/// Runs `act` on `series`' handle in the current recorder: the cached one when that is the
+/// global recorder, else one registered for this call.
+#[cfg(feature = "metrics")]
+fn with_handle<H>(
+    series: &Series,
+    register: fn(&dyn metrics::Recorder, &metrics::Key) -> H,
+    wrap: fn(H) -> Handle,
+    cached: fn(&Handle) -> Option<&H>,
+    act: impl FnOnce(&H),
+) {
+    metrics::with_recorder(|recorder| {
+        let fresh = || register(recorder, &series.0);
+        if !is_global(recorder) {
+            return act(&fresh());
+        }
+        match cached(series.1.get_or_init(|| wrap(fresh()))) {
+            Some(handle) => act(handle),
+            None => act(&fresh()),
+        }
+    });
 }
 
 /// Adds `by` to the counter `series`.
 #[cfg(feature = "metrics")]
 pub(crate) fn count(series: &Series, by: u64) {
-    metrics::with_recorder(|recorder| {
-        let register = || recorder.register_counter(&series.0, &METADATA);
-        if !is_global(recorder) {
-            return register().increment(by);
-        }
-        match series.1.get_or_init(|| Handle::Counter(register())) {
-            Handle::Counter(counter) => counter.increment(by),
-            _ => register().increment(by),
-        }
-    });
+    with_handle(
+        series,
+        |recorder, key| recorder.register_counter(key, &METADATA),
+        Handle::Counter,
+        |handle| match handle {
+            Handle::Counter(counter) => Some(counter),
+            _ => None,
+        },
+        |counter| counter.increment(by),
+    );
 }
 
 /// Records `elapsed`, in seconds, in the histogram `series`.
 #[cfg(feature = "metrics")]
 pub(crate) fn time(series: &Series, elapsed: Duration) {
-    let seconds = elapsed.as_secs_f64();
-    metrics::with_recorder(|recorder| {
-        let register = || recorder.register_histogram(&series.0, &METADATA);
-        if !is_global(recorder) {
-            return register().record(seconds);
-        }
-        match series.1.get_or_init(|| Handle::Histogram(register())) {
-            Handle::Histogram(histogram) => histogram.record(seconds),
-            _ => register().record(seconds),
-        }
-    });
+    with_handle(
+        series,
+        |recorder, key| recorder.register_histogram(key, &METADATA),
+        Handle::Histogram,
+        |handle| match handle {
+            Handle::Histogram(histogram) => Some(histogram),
+            _ => None,
+        },
+        |histogram| histogram.record(elapsed.as_secs_f64()),
+    );
 }
 
 /// Sets the gauge `series` to `value`.
@@ -127,16 +151,16 @@ pub(crate) fn level(series: &Series, value: u64) {
     #[allow(clippy::cast_precision_loss)]
     // gauges are f64 in the facade; sizes stay far below 2^53
     let value = value as f64;
-    metrics::with_recorder(|recorder| {
-        let register = || recorder.register_gauge(&series.0, &METADATA);
-        if !is_global(recorder) {
-            return register().set(value);
-        }
-        match series.1.get_or_init(|| Handle::Gauge(register())) {
-            Handle::Gauge(gauge) => gauge.set(value),
-            _ => register().set(value),
-        }
-    });
+    with_handle(
+        series,
+        |recorder, key| recorder.register_gauge(key, &METADATA),
+        Handle::Gauge,
+        |handle| match handle {
+            Handle::Gauge(gauge) => Some(gauge),
+            _ => None,
+        },
+        |gauge| gauge.set(value),
+    );
 }
 
 #[cfg(not(feature = "metrics"))]
