@@ -74,7 +74,11 @@ impl ReplayCache {
         if self.capacity == 0 {
             return None;
         }
-        self.asked.store(true, Ordering::Relaxed);
+        // A load first: every layered request asks, and a store to a shared line each time
+        // would make the cores contend for it.
+        if !self.asked.load(Ordering::Relaxed) {
+            self.asked.store(true, Ordering::Relaxed);
+        }
         let entries = self.inner.lock();
         let (stored, replay) = entries.by_key.get(key)?;
         (*stored == fingerprint && now < replay.expires_at).then(|| replay.clone())
