@@ -1061,7 +1061,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        3
+        4
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1082,7 +1082,8 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
 }
 
 /// A schema left at migration 2 by an older build (`idempotency_lock_key` in `LANGUAGE sql`)
-/// is brought to migration 3 (the same function in PL/pgSQL), its records intact.
+/// is brought to migration 4 (the same function in PL/pgSQL, then in its cheaper form), its
+/// records intact.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
@@ -1096,9 +1097,9 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     let held = acquire(&first, &Key::new("held")?, fp("a"));
     drop(first);
     assert_eq!(db.query_i64(plpgsql)?, 1);
-    // Back to what migration 2 left: its function, and no record of migration 3.
+    // Back to what migration 2 left: its function, and no record of migrations 3 and 4.
     db.execute(
-        "DELETE FROM {schema}.idempotency_schema_migrations WHERE version = 3; \
+        "DELETE FROM {schema}.idempotency_schema_migrations WHERE version >= 3; \
          CREATE OR REPLACE FUNCTION {schema}.idempotency_lock_key(p_scope text, p_key text) \
          RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
              SELECT pg_advisory_xact_lock(1768187245, hashtext(p_scope || chr(1) || p_key)); \
@@ -1109,9 +1110,15 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     assert_eq!(db.query_i64(plpgsql)?, 0);
     let (store, _) = db.open(&Settings::default())?;
     assert_eq!(db.query_i64(plpgsql)?, 1);
+    // Migration 4's form: the advisory lock as an assignment, the row lock by `PERFORM`.
+    let cheap = format!(
+        "{plpgsql} AND p.prosrc LIKE '%done := pg_advisory_xact_lock%' \
+         AND p.prosrc NOT LIKE '%count(*)%'"
+    );
+    assert_eq!(db.query_i64(&cheap)?, 1);
     assert_eq!(
         db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
-        3
+        4
     );
     // The record survived, and claims (which call the new function) work.
     assert!(matches!(
@@ -1196,6 +1203,50 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it() -> Result<()>
             lease.lease_until() > clock.now(),
             "granted a lease that had already lapsed ({:?})",
             lease.lease_until()
+        );
+        assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
+        Ok(())
+    })
+}
+
+/// The same with the server's clock, where the claim is one statement (no transaction of
+/// ours around it): the statement's lock function waits for the release and reads the time
+/// after it, so the lease begins no earlier than the release's commit, by the server's clock.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_clock() -> Result<()>
+{
+    let Some(db) = pg::Db::fresh("release_in_flight_server") else {
+        return Ok(());
+    };
+    let store = db.open_with_server_clock()?;
+    let key = Key::new("k")?;
+    let first = acquire(&store, &key, fp("a"));
+    let mut client = db.client()?;
+    let mut txn = client.transaction().map_err(pg::fixture)?;
+    txn.execute(
+        db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
+            .as_str(),
+        &[],
+    )
+    .map_err(pg::fixture)?;
+    std::thread::scope(|s| -> Result<()> {
+        let claimer = s.spawn(|| store.claim(&key, fp("b")));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !claimer.is_finished(),
+            "the claim did not wait for the release in flight"
+        );
+        let released_at = store.now()?.as_millis();
+        txn.commit().map_err(pg::fixture)?;
+        let lease = match claimer.join().expect("claimer panicked")? {
+            Claim::Acquired(lease) => lease,
+            other => panic!("expected Acquired, got {other:?}"),
+        };
+        let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+        assert!(
+            granted_at >= released_at,
+            "the lease began at {granted_at}, before the release at {released_at}"
         );
         assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
         Ok(())

@@ -36,7 +36,7 @@ mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 3;
+const SCHEMA_VERSION: i32 = 4;
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
@@ -58,7 +58,7 @@ const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
 const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
 
 /// The start of every statement that acquires a key (`$2` scope, `$3` key): `w` calls
-/// `idempotency_lock_key` (migration 2, in PL/pgSQL since migration 3), which takes the key's
+/// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4), which takes the key's
 /// advisory lock, so that claims of one key run one at a time, and then locks the key's row if
 /// there is one (waiting out a release, completion or sweep in flight); only then does `c` read
 /// the time. The function's row lock runs on a snapshot taken after the advisory lock (each
@@ -1102,7 +1102,7 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 3] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 4] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -1162,6 +1162,27 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 3] {
                  SELECT count(*) INTO held FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS r; \
                  RETURN held; \
+             END $f$;"
+            ),
+        ),
+        (
+            4,
+            "idempotency_lock_key without two executor runs per call (issues 17, 21)",
+            // The same two steps again, cheaper. `PERFORM` of the advisory lock started an
+            // executor for what is one function call: as an assignment it is a PL/pgSQL
+            // "simple expression", evaluated directly. The row lock needs no aggregate: `FOUND`
+            // says whether there was a row. The row lock is still a statement of its own, so
+            // it still runs on a fresh snapshot taken after the advisory lock.
+            format!(
+                "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
+             DECLARE done text; \
+             BEGIN \
+                 done := pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key))::text; \
+                 PERFORM FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE; \
+                 RETURN CASE WHEN FOUND THEN 1 ELSE 0 END; \
              END $f$;"
             ),
         ),
