@@ -179,11 +179,10 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// takes a transaction-scoped advisory lock on the key (`pg_advisory_xact_lock(0x6964656d,
 /// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
 /// advisory locks) and then locks the key's row if it exists (on a fresh snapshot, so a row
-/// committed while it waited counts; the function is PL/pgSQL, so its two statements are
-/// planned once per connection, not on every call), and only then read the time and draw the
-/// token from
-/// the sequence. So claims of one
-/// key run one at a time (claims of other keys do not wait, apart from a rare hash
+/// committed while it waited counts; the function is PL/pgSQL, so the row lock is planned
+/// once per connection, and the advisory lock is a PL/pgSQL expression, not a statement), and
+/// only then read the time and draw the token from the sequence. So claims of one key run one
+/// at a time (claims of other keys do not wait, apart from a rare hash
 /// collision), and a claim that waited behind another claim, a release, a completion or a
 /// sweep is stamped after it: per key, tokens strictly increase in the order of acquisition
 /// and a lease never begins before the previous holder's release. (Drawing them when the
