@@ -1061,7 +1061,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        4
+        5
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1082,8 +1082,8 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
 }
 
 /// A schema left at migration 2 by an older build (`idempotency_lock_key` in `LANGUAGE sql`)
-/// is brought to migration 4 (the same function in PL/pgSQL, then in its cheaper form), its
-/// records intact.
+/// is brought to the current version (the same function in PL/pgSQL, then in its cheaper
+/// form), its records intact.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
@@ -1097,7 +1097,7 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     let held = acquire(&first, &Key::new("held")?, fp("a"));
     drop(first);
     assert_eq!(db.query_i64(plpgsql)?, 1);
-    // Back to what migration 2 left: its function, and no record of migrations 3 and 4.
+    // Back to what migration 2 left: its function, and no record of the later migrations.
     db.execute(
         "DELETE FROM {schema}.idempotency_schema_migrations WHERE version >= 3; \
          CREATE OR REPLACE FUNCTION {schema}.idempotency_lock_key(p_scope text, p_key text) \
@@ -1118,7 +1118,7 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     assert_eq!(db.query_i64(&cheap)?, 1);
     assert_eq!(
         db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
-        4
+        5
     );
     // The record survived, and claims (which call the new function) work.
     assert!(matches!(
@@ -1209,9 +1209,10 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it() -> Result<()>
     })
 }
 
-/// The same with the server's clock, where the claim is one statement (no transaction of
-/// ours around it): the statement's lock function waits for the release and reads the time
-/// after it, so the lease begins no earlier than the release's commit, by the server's clock.
+/// The same with the server's clock, where the claim of a new key is one statement that takes
+/// the key's lock and only then reads the time: a deletion made as the table's comment says
+/// (under the key's lock) holds the claim back until it commits, so the lease begins no
+/// earlier than the release's commit, by the server's clock.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_clock() -> Result<()>
@@ -1224,6 +1225,7 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_c
     let first = acquire(&store, &key, fp("a"));
     let mut client = db.client()?;
     let mut txn = client.transaction().map_err(pg::fixture)?;
+    txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
     txn.execute(
         db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
             .as_str(),
@@ -1251,6 +1253,98 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_c
         assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
         Ok(())
     })
+}
+
+/// The key lock of the table's comment (`$1` scope, `$2` key).
+#[cfg(feature = "postgres")]
+const KEY_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(1768187245, hashtext($1::text || chr(1) || $2::text))";
+
+/// Every claim and every deletion takes the key's lock: while another transaction holds it, a
+/// claim of a new key and a release wait for it, and a sweep leaves that key's expired record
+/// alone (and deletes it once the lock is free); keys whose lock is free are not held up.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_claims_and_deletions_take_the_key_lock() -> Result<()> {
+    let Some(db) = pg::Db::fresh("key_lock") else {
+        return Ok(());
+    };
+    let (store, clock) = db.open(&Settings::default())?;
+    let held = acquire(&store, &Key::new("held")?, fp("a"));
+    let expired = acquire(&store, &Key::new("expired")?, fp("a"));
+    let other = acquire(&store, &Key::new("other")?, fp("a"));
+    drop((expired, other));
+    clock.advance(Duration::from_secs(25 * 3600));
+    let held = {
+        // Its record expired too: take it over so that there is a live lease to release.
+        let lease = acquire(&store, &Key::new("held")?, fp("a"));
+        assert!(lease.token() > held.token());
+        lease
+    };
+    let mut client = db.client()?;
+    let mut txn = client.transaction().map_err(pg::fixture)?;
+    for key in ["new", "held", "expired"] {
+        txn.execute(KEY_LOCK, &[&"", &key]).map_err(pg::fixture)?;
+    }
+    std::thread::scope(|s| -> Result<()> {
+        let claimer = s.spawn(|| store.claim(&Key::new("new")?, fp("b")));
+        let releaser = s.spawn(|| store.release(&held));
+        // A sweep does not wait: it deletes `other` and skips `expired`.
+        assert_eq!(store.sweep(10)?, 1);
+        assert_eq!(store.sweep(10)?, 0);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !claimer.is_finished(),
+            "the claim did not wait for the key lock"
+        );
+        assert!(
+            !releaser.is_finished(),
+            "the release did not wait for the key lock"
+        );
+        assert!(
+            store.lookup(&Key::new("held")?)?.is_some(),
+            "released under the lock"
+        );
+        txn.commit().map_err(pg::fixture)?;
+        assert!(matches!(
+            claimer.join().expect("claimer panicked")?,
+            Claim::Acquired(_)
+        ));
+        releaser.join().expect("releaser panicked")?;
+        Ok(())
+    })?;
+    assert!(store.lookup(&Key::new("held")?)?.is_none());
+    assert_eq!(
+        store.sweep(10)?,
+        1,
+        "the expired record, once its lock was free"
+    );
+    Ok(())
+}
+
+/// A sweep larger than one statement's share of locks runs in several statements and deletes
+/// exactly its limit, oldest first.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_large_sweep_deletes_exactly_its_limit() -> Result<()> {
+    let Some(db) = pg::Db::fresh("large_sweep") else {
+        return Ok(());
+    };
+    let (store, clock) = db.open(&Settings::default())?;
+    for i in 0..1_200 {
+        let lease = acquire(&store, &Key::new(&format!("k{i:04}"))?, fp("a"));
+        store.complete(&lease, Response::new(200, "done"))?;
+        clock.advance(Duration::from_millis(1));
+    }
+    clock.advance(Duration::from_secs(25 * 3600));
+    assert_eq!(store.sweep(1_100)?, 1_100);
+    assert!(store.lookup(&Key::new("k1099")?)?.is_none());
+    assert_eq!(
+        db.query_i64("SELECT count(*) FROM {schema}.idempotency_keys WHERE key >= 'k1100'")?,
+        100
+    );
+    assert_eq!(store.sweep(1_100)?, 100);
+    Ok(())
 }
 
 /// A pooled connection that the server dropped fails at most one call, then is replaced.

@@ -4,7 +4,7 @@
 
 use ::postgres::Row;
 
-use super::{NOW, PgStore, RECORD_COLUMNS, col, parts, pg, record_from};
+use super::{PgStore, RECORD_COLUMNS, after_lock, col, key_lock, parts, pg, record_from};
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::outcome::{ForceRelease, RecordView};
@@ -144,9 +144,10 @@ impl PgStore {
         self.check_key(key)?;
         let (scope, name) = parts(key);
         let sql = format!(
-            "{NOW} DELETE FROM {} AS r USING c WHERE r.scope = $2::text AND r.key = $3::text \
+            "{} DELETE FROM {} AS r USING c WHERE r.scope = $2::text AND r.key = $3::text \
              AND r.state = 'in_progress' AND r.expires_at > c.now \
              RETURNING r.attempt, r.lease_until",
+            after_lock(&key_lock("$2", "$3")),
             self.table()
         );
         let now = self.now_param();

@@ -36,10 +36,15 @@ mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 4;
+const SCHEMA_VERSION: i32 = 5;
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
+
+/// Records one sweep statement deletes at most: it holds one advisory lock per record until it
+/// commits, and PostgreSQL's lock table is shared by all sessions (by default 64 locks per
+/// connection slot).
+const SWEEP_STATEMENT: usize = 512;
 
 /// Rows fetched per round trip by `verify`.
 const VERIFY_BATCH: i32 = 1000;
@@ -57,18 +62,40 @@ const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
 const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
 
-/// The start of every statement that acquires a key (`$2` scope, `$3` key): `w` calls
-/// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4), which takes the key's
-/// advisory lock, so that claims of one key run one at a time, and then locks the key's row if
-/// there is one (waiting out a release, completion or sweep in flight); only then does `c` read
-/// the time. The function's row lock runs on a snapshot taken after the advisory lock (each
-/// statement of a volatile PL/pgSQL function takes a fresh one at READ COMMITTED), so it also
-/// sees a row that the claim it waited for committed; the statement's own snapshot, taken
-/// before the wait, would not.
-fn claim_lock(schema: &str, scope: &str, key: &str) -> String {
+/// The key's advisory lock (the two-`int4` form, class [`CLAIM_LOCK_CLASS`]), held to the end
+/// of the transaction: every claim of the key and every deletion of its record takes it, so
+/// that a claim reads the time and draws its token only once nothing else can acquire the key
+/// or delete its record. `scope` and `key` are SQL expressions.
+fn key_lock(scope: &str, key: &str) -> String {
     format!(
-        "WITH w AS MATERIALIZED (SELECT \"{schema}\".idempotency_lock_key({scope}::text, \
-         {key}::text) AS n)"
+        "pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// The same lock if it is free, for a sweep, which skips a key that a claim holds.
+fn try_key_lock(scope: &str, key: &str) -> String {
+    format!(
+        "pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+         hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4): the key's
+/// advisory lock, then its row lock if there is a row, on a snapshot taken after the advisory
+/// lock (each statement of a volatile PL/pgSQL function takes a fresh one at READ COMMITTED),
+/// so that it also waits out a write to a row that the claim it waited for committed; the
+/// statement's own snapshot, taken before the wait, would not see that row.
+fn lock_function(schema: &str, scope: &str, key: &str) -> String {
+    format!("\"{schema}\".idempotency_lock_key({scope}::text, {key}::text)")
+}
+
+/// The start of a statement that must read the time after taking a lock: `w` runs `lock`, and
+/// only then does `c` read the time (`$1`, or the server's clock).
+fn after_lock(lock: &str) -> String {
+    format!(
+        "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
+         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now \
+         FROM w)"
     )
 }
 
@@ -175,21 +202,30 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// concurrent claimers exactly one gets the row. A claimer that loses a race (the row was
 /// released or swept between two statements, or another claimer took it over) starts again.
 ///
-/// Both statements that acquire a key first call `idempotency_lock_key(scope, key)`, which
-/// takes a transaction-scoped advisory lock on the key (`pg_advisory_xact_lock(0x6964656d,
+/// Each key has a lock: a transaction-scoped advisory lock (`pg_advisory_xact_lock(0x6964656d,
 /// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
-/// advisory locks) and then locks the key's row if it exists (on a fresh snapshot, so a row
-/// committed while it waited counts; the function is PL/pgSQL, so the row lock is planned
-/// once per connection, and the advisory lock is a PL/pgSQL expression, not a statement), and
-/// only then read the time and draw the token from the sequence. So claims of one key run one
-/// at a time (claims of other keys do not wait, apart from a rare hash
-/// collision), and a claim that waited behind another claim, a release, a completion or a
-/// sweep is stamped after it: per key, tokens strictly increase in the order of acquisition
-/// and a lease never begins before the previous holder's release. (Drawing them when the
-/// statement starts, as before, let a claim that stalled between drawing and inserting land
-/// after another caller's whole acquire-and-release, with a smaller token and a lease that
-/// began, and ended, early.) With an injected clock, read in this process rather than in SQL,
-/// the claim runs in a transaction that takes those locks first, then reads the clock.
+/// advisory locks). Every statement that acquires a key or deletes a record takes it first: the
+/// insert of a new key, the takeover, `release`, `force_release`, and sweeps and quota
+/// evictions (which skip a key whose lock is taken rather than wait). A claim reads the time
+/// and draws its token from the sequence only once it holds the lock. The takeover also locks
+/// the row first, in `idempotency_lock_key(scope, key)` (PL/pgSQL; its row lock runs on a
+/// snapshot taken after the advisory lock, so it sees a row that the claim it waited for
+/// committed), so that it is stamped after a completion or heartbeat in flight; an insert needs
+/// no row lock, since a deletion in flight holds the key's lock. So claims of one
+/// key run one at a time (claims of other keys do not wait, apart from a rare hash collision),
+/// and a claim that waited behind another claim, a release, a completion or a sweep is stamped
+/// after it: per key, tokens strictly increase in the order of acquisition and a lease never
+/// begins before the previous holder's release. (Drawing them when the statement starts, as
+/// before, let a claim that stalled between drawing and inserting land after another caller's
+/// whole acquire-and-release, with a smaller token and a lease that began, and ended, early.)
+/// With an injected clock, read in this process rather than in SQL, the claim runs in a
+/// transaction that calls `idempotency_lock_key` first, then reads the clock.
+///
+/// **Deleting rows by hand**: do it through the store or the CLI (`release`, `sweep`), or
+/// take the key's lock first in the same transaction, as the table's comment says:
+/// `SELECT pg_advisory_xact_lock(1768187245, hashtext(scope || chr(1) || key))`. A claim of
+/// the same key that runs while a deletion without the lock is in flight may start its lease
+/// up to that deletion's duration early (never already lapsed, tokens still in order).
 ///
 /// A lease is never handed out already lapsed: a claim whose lease may have lapsed before the
 /// call returns answers [`Claim::InProgress`] with that deadline instead, as if another
@@ -198,11 +234,15 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// sent (the lease began after that); with an injected clock, that clock read after the
 /// commit has reached the deadline.
 /// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
-/// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is one bounded
+/// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is a bounded
 /// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
-/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED`: oldest expiry first like the redb store,
-/// with ties by key here (the redb store breaks them by key hash); concurrent sweepers skip
-/// each other's rows instead of waiting.
+/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED` whose key lock it gets: oldest expiry first
+/// like the redb store, with ties by key here (the redb store breaks them by key hash);
+/// concurrent sweepers and claims skip each other instead of waiting. As a sweep holds one
+/// lock per record to its commit, and PostgreSQL's lock table is shared and bounded
+/// (`max_locks_per_transaction`, 64 per connection slot by default), `sweep(n)` deletes in
+/// statements of at most 512 records each; an error keeps what earlier statements of the call
+/// deleted.
 ///
 /// [`complete_with`](PgStore::complete_with) is one transaction: the fenced record is locked
 /// (`SELECT … FOR UPDATE`), the caller's statements run, the fenced `UPDATE` stores the
@@ -804,13 +844,26 @@ impl Unmetered for PgStore {
         if limit == 0 {
             return Ok(0);
         }
-        let now = self.now_param();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with_conn(|client, st| {
-            let deleted = client
-                .execute(&st.sweep, &[&now, &limit])
-                .map_err(|e| pg("sweeping expired records", e))?;
-            Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+            let mut deleted = 0;
+            while deleted < limit {
+                let chunk = (limit - deleted).min(SWEEP_STATEMENT);
+                let now = self.now_param();
+                let row = client
+                    .query_one(
+                        &st.sweep,
+                        &[&now, &i64::try_from(chunk).unwrap_or(i64::MAX)],
+                    )
+                    .map_err(|e| pg("sweeping expired records", e))?;
+                let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
+                let (gone, candidates) = (count(0)?, count(1)?);
+                deleted += gone;
+                // Fewer candidates: none left. None deleted: every one is being claimed.
+                if candidates < chunk || gone == 0 {
+                    break;
+                }
+            }
+            Ok(deleted)
         })
     }
 
@@ -907,15 +960,14 @@ impl Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
-        let locked_now = format!(
-            "{}, c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
-             floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now FROM w)",
-            claim_lock(schema, "$2", "$3")
-        );
+        // A new key's insert needs only the advisory lock: no row means no write in flight
+        // that does not hold it (deletions take it too). A takeover waits out writes to the row.
+        let insert_now = after_lock(&key_lock("$2", "$3"));
+        let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
         Sql {
-            lock: format!("{} SELECT n FROM w", claim_lock(schema, "$1", "$2")),
+            lock: format!("SELECT {}", lock_function(schema, "$1", "$2")),
             insert: format!(
-                "{locked_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
+                "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
                  token, attempt, lease_until, created_at, expires_at) \
                  SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
                  nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
@@ -928,7 +980,7 @@ impl Sql {
                  LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
             ),
             takeover: format!(
-                "{locked_now} UPDATE {t} AS r SET \
+                "{takeover_now} UPDATE {t} AS r SET \
                  fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
                  state = 'in_progress', token = nextval('{seq}'), \
                  attempt = CASE WHEN {takeover_fresh} THEN 1 \
@@ -956,7 +1008,10 @@ impl Sql {
             lock_lease: format!(
                 "{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"
             ),
-            release: format!("{NOW} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token"),
+            release: format!(
+                "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
+                after_lock(&key_lock("$2", "$3"))
+            ),
             heartbeat: format!(
                 "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
                  expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
@@ -969,14 +1024,19 @@ impl Sql {
             // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
             // planner may rescan the subquery per outer row, and a rescan skips the rows this
             // statement already deleted and locks the next ones, deleting more than the limit.
+            // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
+            // takes at most `$2` locks). Answers (deleted, candidates).
             sweep: format!(
                 "{NOW}, doomed AS MATERIALIZED (\
-                     SELECT x.ctid FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
                          x.key COLLATE \"C\" \
-                     LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED) \
-                 DELETE FROM {t} AS r USING doomed AS d, c \
-                 WHERE r.ctid = d.ctid AND r.expires_at <= c.now"
+                     LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED), \
+                 free AS MATERIALIZED (SELECT d.ctid FROM doomed AS d WHERE {}), \
+                 gone AS (DELETE FROM {t} AS r USING free AS f, c \
+                     WHERE r.ctid = f.ctid AND r.expires_at <= c.now RETURNING 1) \
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM doomed)",
+                try_key_lock("d.scope", "d.key")
             ),
             // The second count is `RecordView::is_stuck`, in SQL.
             stats: format!(
@@ -1101,7 +1161,7 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 4] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 5] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -1183,6 +1243,20 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 4] {
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE; \
                  RETURN CASE WHEN FOUND THEN 1 ELSE 0 END; \
              END $f$;"
+            ),
+        ),
+        (
+            5,
+            "deletions take the key's advisory lock; a new key's insert takes only that (issue 21)",
+            // No change to the tables: a change of protocol. From this version on every
+            // deletion takes the key's lock, so a claim of a new key no longer locks the row
+            // first; a build that deletes without the lock must not share the schema, and the
+            // version keeps it out. The comment tells anyone deleting rows by hand.
+            format!(
+                "COMMENT ON TABLE {s}.idempotency_keys IS 'idempotency-store records. Delete \
+                 rows only through the store or its CLI, or in a transaction that first takes \
+                 the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                 hashtext(scope || chr(1) || key));'"
             ),
         ),
     ]

@@ -11,7 +11,7 @@
 use ::postgres::types::ToSql;
 use ::postgres::{Client, Statement, Transaction};
 
-use super::{NOW, col, pg};
+use super::{NOW, col, pg, try_key_lock};
 use crate::api::settings::WhenFull;
 use crate::error::{Error, Result};
 
@@ -20,6 +20,9 @@ const SHARDS: i32 = 16;
 
 /// Expired records deleted per attempt to make room (as the redb store).
 const ROOM_SWEEP: i64 = 64;
+
+/// Completed records an eviction considers, oldest first, for the first whose key lock is free.
+const EVICT_CANDIDATES: i64 = 8;
 
 /// The limits a store enforces on claims of new keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,21 +140,30 @@ impl Sql {
             exists: format!(
                 "SELECT EXISTS (SELECT FROM {t} WHERE scope = $1::text AND key = $2::text)"
             ),
+            // As the store's sweep: deletions take the key's lock, skipping keys being claimed.
             sweep: format!(
                 "{NOW}, doomed AS MATERIALIZED (\
-                     SELECT x.ctid FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      AND ($2::text IS NULL OR x.scope = $2::text) \
-                     ORDER BY x.expires_at LIMIT $3::bigint FOR UPDATE OF x SKIP LOCKED) \
-                 DELETE FROM {t} AS r USING doomed AS d, c \
-                 WHERE r.ctid = d.ctid AND r.expires_at <= c.now"
+                     ORDER BY x.expires_at LIMIT $3::bigint FOR UPDATE OF x SKIP LOCKED), \
+                 free AS MATERIALIZED (SELECT d.ctid FROM doomed AS d WHERE {}) \
+                 DELETE FROM {t} AS r USING free AS f, c \
+                 WHERE r.ctid = f.ctid AND r.expires_at <= c.now",
+                try_key_lock("d.scope", "d.key")
             ),
+            // The oldest completed record whose key lock is free, of the oldest few (a replay
+            // holds its key's lock for a moment).
             evict: format!(
-                "{NOW}, victim AS MATERIALIZED (\
-                     SELECT x.ctid FROM {t} AS x, c WHERE x.state = 'completed' \
+                "{NOW}, victims AS MATERIALIZED (\
+                     SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x, c \
+                     WHERE x.state = 'completed' \
                      AND x.expires_at > c.now AND ($2::text IS NULL OR x.scope = $2::text) \
-                     ORDER BY x.expires_at LIMIT 1 FOR UPDATE OF x SKIP LOCKED) \
+                     ORDER BY x.expires_at LIMIT {EVICT_CANDIDATES} FOR UPDATE OF x SKIP LOCKED), \
+                 victim AS MATERIALIZED (SELECT v.ctid FROM victims AS v WHERE {} \
+                     ORDER BY v.expires_at LIMIT 1) \
                  DELETE FROM {t} AS r USING victim AS v \
-                 WHERE r.ctid = v.ctid AND r.state = 'completed'"
+                 WHERE r.ctid = v.ctid AND r.state = 'completed'",
+                try_key_lock("v.scope", "v.key")
             ),
             check: format!(
                 "SELECT (SELECT count(*) FROM {t}), \
