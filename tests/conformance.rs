@@ -1322,6 +1322,55 @@ fn postgres_claims_and_deletions_take_the_key_lock() -> Result<()> {
     Ok(())
 }
 
+/// `force_release` waits for the key's lock with a snapshot taken before the wait; when a claim
+/// replaced the record meanwhile, it releases the new in-progress record rather than call it
+/// completed.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_force_release_behind_a_replaced_record_releases_the_new_one() -> Result<()> {
+    let Some(db) = pg::Db::fresh("force_release_replaced") else {
+        return Ok(());
+    };
+    let (store, clock) = db.open(&Settings::default())?;
+    let key = Key::new("k")?;
+    let _old = acquire(&store, &key, fp("a"));
+    let now = clock.now().as_millis() as i64;
+    let mut client = db.client()?;
+    let mut txn = client.transaction().map_err(pg::fixture)?;
+    txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
+    std::thread::scope(|s| -> Result<()> {
+        let releaser = s.spawn(|| store.force_release(&key));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !releaser.is_finished(),
+            "force_release did not wait for the key lock"
+        );
+        // What a release and a new claim (attempt 3, to tell it apart) would leave.
+        txn.batch_execute(&db.sql(&format!(
+            "DELETE FROM {{schema}}.idempotency_keys WHERE key = 'k'; \
+             INSERT INTO {{schema}}.idempotency_keys (scope, key, fingerprint, \
+                 fingerprint_version, state, token, attempt, lease_until, created_at, expires_at) \
+             VALUES ('', 'k', '\\x{}'::bytea, 1, 'in_progress', 1000000, 3, {}, {now}, {})",
+            "00".repeat(32),
+            now + 60_000,
+            now + 86_400_000
+        )))
+        .map_err(pg::fixture)?;
+        txn.commit().map_err(pg::fixture)?;
+        let released = releaser.join().expect("releaser panicked")?;
+        assert!(
+            matches!(
+                released,
+                idempotency_store::ForceRelease::Released { attempt: 3, .. }
+            ),
+            "{released:?}"
+        );
+        Ok(())
+    })?;
+    assert!(store.lookup(&key)?.is_none());
+    Ok(())
+}
+
 /// A sweep larger than one statement's share of locks runs in several statements and deletes
 /// exactly its limit, oldest first.
 #[cfg(feature = "postgres")]

@@ -147,8 +147,9 @@ pub trait IdempotencyStore: Send + Sync {
     /// treated as absent by every call, the order shows only in record counts between sweeps.
     ///
     /// # Errors
-    /// [`Error::Storage`] if the deletion fails (nothing is deleted then; `PgStore` deletes
-    /// more than 512 records in several statements, and keeps what the earlier ones deleted).
+    /// [`Error::Storage`] if the deletion fails (nothing is deleted then; `PgStore` may delete
+    /// in several statements, for more than [`SWEEP_BATCH`] records or after skipping a key
+    /// being claimed, and keeps what the earlier ones deleted).
     fn sweep(&self, limit: usize) -> Result<usize>;
 
     /// Deletes every expired record in bounded rounds of [`sweep`](IdempotencyStore::sweep)

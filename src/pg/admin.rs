@@ -7,12 +7,15 @@ use ::postgres::Row;
 use super::{PgStore, RECORD_COLUMNS, after_lock, col, key_lock, parts, pg, record_from};
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
-use crate::api::outcome::{ForceRelease, RecordView};
+use crate::api::outcome::{ForceRelease, RecordState, RecordView};
 use crate::api::record::Record;
 use crate::error::{Error, Result};
 
 /// Records fetched per round trip by [`PgStore::records`].
 const PAGE: i64 = 500;
+
+/// How often `force_release` starts over when a claim replaced the record under it.
+const FORCE_RELEASE_ROUNDS: usize = 8;
 
 /// An iterator over every record of a [`PgStore`], in key order (scope, then key), expired ones
 /// included. Created by [`PgStore::records`].
@@ -150,26 +153,39 @@ impl PgStore {
             after_lock(&key_lock("$2", "$3")),
             self.table()
         );
-        let now = self.now_param();
-        let deleted = self.with_conn(|client, _| {
-            client
-                .query_opt(sql.as_str(), &[&now, &scope, &name])
-                .map_err(|e| pg("releasing a key", e))
-        })?;
-        if let Some(row) = deleted {
-            let attempt: i64 = col(&row, 0)?;
-            let until: Option<i64> = col(&row, 1)?;
-            return Ok(ForceRelease::Released {
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                lease_until: Timestamp::from_millis(
-                    until.and_then(|t| u64::try_from(t).ok()).unwrap_or(0),
-                ),
-            });
+        // The delete's snapshot predates its wait for the key's lock: a record that a claim
+        // made meanwhile is not one it can see, so it tries again rather than call that
+        // record completed.
+        for _ in 0..FORCE_RELEASE_ROUNDS {
+            let now = self.now_param();
+            let deleted = self.with_conn(|client, _| {
+                client
+                    .query_opt(sql.as_str(), &[&now, &scope, &name])
+                    .map_err(|e| pg("releasing a key", e))
+            })?;
+            if let Some(row) = deleted {
+                let attempt: i64 = col(&row, 0)?;
+                let until: Option<i64> = col(&row, 1)?;
+                return Ok(ForceRelease::Released {
+                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                    lease_until: Timestamp::from_millis(
+                        until.and_then(|t| u64::try_from(t).ok()).unwrap_or(0),
+                    ),
+                });
+            }
+            let now = self.now()?;
+            match self.inspect(key)? {
+                Some(record) if record.expires_at <= now => return Ok(ForceRelease::NotFound),
+                None => return Ok(ForceRelease::NotFound),
+                Some(record) if matches!(record.state, RecordState::Completed { .. }) => {
+                    return Ok(ForceRelease::Completed);
+                }
+                Some(_) => {}
+            }
         }
-        let now = self.now()?;
-        Ok(match self.inspect(key)? {
-            Some(record) if record.expires_at > now => ForceRelease::Completed,
-            _ => ForceRelease::NotFound,
-        })
+        Err(Error::storage(
+            "releasing a key",
+            std::io::Error::other("the record kept changing under concurrent claims; try again"),
+        ))
     }
 }

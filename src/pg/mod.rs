@@ -14,6 +14,7 @@ use r2d2_postgres::PostgresConnectionManager;
 
 #[cfg(doc)]
 use crate::api::backend::IdempotencyStore;
+use crate::api::backend::SWEEP_BATCH;
 use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -41,10 +42,10 @@ const SCHEMA_VERSION: i32 = 5;
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
 
-/// Records one sweep statement deletes at most: it holds one advisory lock per record until it
-/// commits, and PostgreSQL's lock table is shared by all sessions (by default 64 locks per
-/// connection slot).
-const SWEEP_STATEMENT: usize = 512;
+/// Records one sweep statement deletes at most ([`SWEEP_BATCH`]): it holds one advisory lock
+/// per record until it commits, and PostgreSQL's lock table is shared by all sessions (by
+/// default 64 locks per connection slot), claims included.
+const SWEEP_STATEMENT: usize = SWEEP_BATCH;
 
 /// Rows fetched per round trip by `verify`.
 const VERIFY_BATCH: i32 = 1000;
@@ -194,7 +195,7 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// # Statements
 ///
 /// Every operation is one autocommit statement at READ COMMITTED (`verify` is one read-only
-/// snapshot); nothing takes a table lock. A claim is `INSERT … ON CONFLICT DO NOTHING
+/// snapshot, a sweep one statement per 64 records); nothing takes a table lock. A claim is `INSERT … ON CONFLICT DO NOTHING
 /// RETURNING` (a new key: done); otherwise a `SELECT` decides the answer exactly as the redb
 /// store does (replay, mismatch, in progress); an expired record or a lapsed lease is taken with
 /// a conditional `UPDATE … WHERE (expired OR (in progress AND lease lapsed AND same
@@ -225,7 +226,9 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// take the key's lock first in the same transaction, as the table's comment says:
 /// `SELECT pg_advisory_xact_lock(1768187245, hashtext(scope || chr(1) || key))`. A claim of
 /// the same key that runs while a deletion without the lock is in flight may start its lease
-/// up to that deletion's duration early (never already lapsed, tokens still in order).
+/// up to that deletion's duration early (never already lapsed, tokens still in order). For the
+/// same reason, stop every instance of a build from before migration 5 before the first
+/// instance of this one connects: the version check runs only when a store connects.
 ///
 /// A lease is never handed out already lapsed: a claim whose lease may have lapsed before the
 /// call returns answers [`Claim::InProgress`] with that deadline instead, as if another
@@ -238,11 +241,12 @@ const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::b
 /// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
 /// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED` whose key lock it gets: oldest expiry first
 /// like the redb store, with ties by key here (the redb store breaks them by key hash);
-/// concurrent sweepers and claims skip each other instead of waiting. As a sweep holds one
-/// lock per record to its commit, and PostgreSQL's lock table is shared and bounded
+/// concurrent sweepers skip each other's rows, and a sweep skips a key being claimed (a claim
+/// of a key that a sweep holds waits for the sweep's statement to commit). As a sweep holds
+/// one lock per record to its commit, and PostgreSQL's lock table is shared and bounded
 /// (`max_locks_per_transaction`, 64 per connection slot by default), `sweep(n)` deletes in
-/// statements of at most 512 records each; an error keeps what earlier statements of the call
-/// deleted.
+/// statements of at most 64 records each ([`SWEEP_BATCH`]), and runs another when a statement
+/// skipped a key being claimed; an error keeps what earlier statements of the call deleted.
 ///
 /// [`complete_with`](PgStore::complete_with) is one transaction: the fenced record is locked
 /// (`SELECT … FOR UPDATE`), the caller's statements run, the fenced `UPDATE` stores the

@@ -152,15 +152,15 @@ impl Sql {
                 try_key_lock("d.scope", "d.key")
             ),
             // The oldest completed record whose key lock is free, of the oldest few (a replay
-            // holds its key's lock for a moment).
+            // holds its key's lock for a moment). `victim` reads `victims` in its order, and
+            // with no sort of its own stops at the first lock it gets, so it takes only that one.
             evict: format!(
                 "{NOW}, victims AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x, c \
                      WHERE x.state = 'completed' \
                      AND x.expires_at > c.now AND ($2::text IS NULL OR x.scope = $2::text) \
                      ORDER BY x.expires_at LIMIT {EVICT_CANDIDATES} FOR UPDATE OF x SKIP LOCKED), \
-                 victim AS MATERIALIZED (SELECT v.ctid FROM victims AS v WHERE {} \
-                     ORDER BY v.expires_at LIMIT 1) \
+                 victim AS MATERIALIZED (SELECT v.ctid FROM victims AS v WHERE {} LIMIT 1) \
                  DELETE FROM {t} AS r USING victim AS v \
                  WHERE r.ctid = v.ctid AND r.state = 'completed'",
                 try_key_lock("v.scope", "v.key")
