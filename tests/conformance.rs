@@ -1160,6 +1160,44 @@ fn postgres_uses_the_server_clock_by_default() -> Result<()> {
     Ok(())
 }
 
+/// A claim of `k` (fingerprint "b") started while a transaction of the test's own deleted the
+/// key's record (under the key's lock if `key_lock`) and has not committed: checks that the
+/// claim waits, commits once `released_at` gave the release's time, and returns the lease the
+/// claim then got, with that time.
+#[cfg(feature = "postgres")]
+fn claim_behind_a_deletion(
+    db: &pg::Db,
+    store: &idempotency_store::PgStore,
+    key_lock: bool,
+    released_at: impl FnOnce() -> Result<u64>,
+) -> Result<(Lease, u64)> {
+    let mut client = db.client()?;
+    let mut txn = client.transaction().map_err(pg::fixture)?;
+    if key_lock {
+        txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
+    }
+    txn.execute(
+        db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
+            .as_str(),
+        &[],
+    )
+    .map_err(pg::fixture)?;
+    std::thread::scope(|s| {
+        let claimer = s.spawn(|| store.claim(&Key::new("k")?, fp("b")));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !claimer.is_finished(),
+            "the claim did not wait for the release in flight"
+        );
+        let released_at = released_at()?;
+        txn.commit().map_err(pg::fixture)?;
+        match claimer.join().expect("claimer panicked")? {
+            Claim::Acquired(lease) => Ok((lease, released_at)),
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    })
+}
+
 /// A claim that waits behind a release in flight (its transaction deleted the record but has
 /// not committed) takes its token and time after the release, not when the claim started: its
 /// lease is live when it returns and begins no earlier than the release.
@@ -1170,43 +1208,23 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it() -> Result<()>
         return Ok(());
     };
     let (store, clock) = db.open(&Settings::default())?;
-    let key = Key::new("k")?;
-    let first = acquire(&store, &key, fp("a"));
-    let mut client = db.client()?;
-    let mut txn = client.transaction().map_err(pg::fixture)?;
-    txn.execute(
-        db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
-            .as_str(),
-        &[],
-    )
-    .map_err(pg::fixture)?;
-    std::thread::scope(|s| -> Result<()> {
-        let claimer = s.spawn(|| store.claim(&key, fp("b")));
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            !claimer.is_finished(),
-            "the claim did not wait for the release in flight"
-        );
+    let first = acquire(&store, &Key::new("k")?, fp("a"));
+    let (lease, released_at) = claim_behind_a_deletion(&db, &store, false, || {
         clock.advance(2 * LEASE);
-        let released_at = clock.now().as_millis();
-        txn.commit().map_err(pg::fixture)?;
-        let lease = match claimer.join().expect("claimer panicked")? {
-            Claim::Acquired(lease) => lease,
-            other => panic!("expected Acquired, got {other:?}"),
-        };
-        let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
-        assert!(
-            granted_at >= released_at,
-            "the lease began at {granted_at}, before the release at {released_at}"
-        );
-        assert!(
-            lease.lease_until() > clock.now(),
-            "granted a lease that had already lapsed ({:?})",
-            lease.lease_until()
-        );
-        assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
-        Ok(())
-    })
+        Ok(clock.now().as_millis())
+    })?;
+    let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+    assert!(
+        granted_at >= released_at,
+        "the lease began at {granted_at}, before the release at {released_at}"
+    );
+    assert!(
+        lease.lease_until() > clock.now(),
+        "granted a lease that had already lapsed ({:?})",
+        lease.lease_until()
+    );
+    assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
+    Ok(())
 }
 
 /// The same with the server's clock, where the claim of a new key is one statement that takes
@@ -1221,38 +1239,16 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_c
         return Ok(());
     };
     let store = db.open_with_server_clock()?;
-    let key = Key::new("k")?;
-    let first = acquire(&store, &key, fp("a"));
-    let mut client = db.client()?;
-    let mut txn = client.transaction().map_err(pg::fixture)?;
-    txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
-    txn.execute(
-        db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
-            .as_str(),
-        &[],
-    )
-    .map_err(pg::fixture)?;
-    std::thread::scope(|s| -> Result<()> {
-        let claimer = s.spawn(|| store.claim(&key, fp("b")));
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(
-            !claimer.is_finished(),
-            "the claim did not wait for the release in flight"
-        );
-        let released_at = store.now()?.as_millis();
-        txn.commit().map_err(pg::fixture)?;
-        let lease = match claimer.join().expect("claimer panicked")? {
-            Claim::Acquired(lease) => lease,
-            other => panic!("expected Acquired, got {other:?}"),
-        };
-        let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
-        assert!(
-            granted_at >= released_at,
-            "the lease began at {granted_at}, before the release at {released_at}"
-        );
-        assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
-        Ok(())
-    })
+    let first = acquire(&store, &Key::new("k")?, fp("a"));
+    let (lease, released_at) =
+        claim_behind_a_deletion(&db, &store, true, || Ok(store.now()?.as_millis()))?;
+    let granted_at = lease.lease_until().as_millis() - LEASE.as_millis() as u64;
+    assert!(
+        granted_at >= released_at,
+        "the lease began at {granted_at}, before the release at {released_at}"
+    );
+    assert!(lease.token() > first.token(), "{lease:?} after {first:?}");
+    Ok(())
 }
 
 /// The key lock of the table's comment (`$1` scope, `$2` key).
