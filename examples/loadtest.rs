@@ -2388,7 +2388,19 @@ fn main() -> ExitCode {
         quiet: args.json_only,
     };
     let recorder = if args.recorder {
-        match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        // Configured as the example servers' `install_prometheus` does: histograms with the
+        // store's bucket bounds.
+        let seconds: Vec<f64> = idempotency_store::LATENCY_BUCKETS_US
+            .iter()
+            .map(|&us| Duration::from_micros(us).as_secs_f64())
+            .collect();
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+                &seconds,
+            )
+            .and_then(|builder| builder.install_recorder());
+        match installed {
             Ok(handle) => {
                 // As a deployment would (the exporter's own listener does this every 5 s):
                 // without upkeep, histogram samples pile up for the whole run.

@@ -21,7 +21,8 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use idempotency_store::http::{self as idem, HandleOptions, Problem};
 use idempotency_store::redb::{self, ReadableTable};
-use idempotency_store::{Key, Lease, Response, Store};
+use idempotency_store::{Key, LATENCY_BUCKETS_US, Lease, Response, Store};
+use metrics_exporter_prometheus::Matcher;
 
 /// Any error, for setup code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -146,8 +147,14 @@ const PROMETHEUS_UPKEEP: Duration = Duration::from_secs(5);
 /// Installs the process's one global Prometheus recorder, so that the store's counts reach
 /// `GET /metrics`, and runs its upkeep: without it, the exporter keeps every histogram sample
 /// between scrapes, so memory grows with traffic while nobody scrapes.
+///
+/// The `_seconds` series are Prometheus histograms with the store's own bucket bounds
+/// ([`LATENCY_BUCKETS_US`]), not the exporter's default summaries: bucket counts from many
+/// instances (every server on one PostgreSQL table) can be summed, quantiles cannot, and
+/// counting a sample into buckets costs the exporter less than updating a quantile sketch.
 pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, BoxError> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency_buckets_s())?
         .install_recorder()
         .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
     let upkeep = handle.clone();
@@ -160,6 +167,14 @@ pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHan
             }
         })?;
     Ok(handle)
+}
+
+/// [`LATENCY_BUCKETS_US`] in seconds, the unit of the `_seconds` series.
+fn latency_buckets_s() -> Vec<f64> {
+    LATENCY_BUCKETS_US
+        .iter()
+        .map(|&us| Duration::from_micros(us).as_secs_f64())
+        .collect()
 }
 
 /// The service: the store, the idempotency options, and the charges mirrored in memory.
