@@ -381,6 +381,15 @@ fn both_servers_serve_metrics_after_a_replay_a_conflict_and_a_mismatch() {
         }
         let completes = sample(&page.body, "idempotency_completes_total", &[]);
         assert_eq!(completes, Some(1.0), "{name}:\n{}", page.body);
+        // The four claims' latencies, as a histogram (bucket counts sum across instances).
+        let timed = sample(&page.body, "idempotency_claim_seconds_count", &[]);
+        assert_eq!(timed, Some(4.0), "{name}:\n{}", page.body);
+        let all = sample(
+            &page.body,
+            "idempotency_claim_seconds_bucket",
+            &["le=\"+Inf\""],
+        );
+        assert_eq!(all, Some(4.0), "{name}:\n{}", page.body);
         let overlay = sample(&page.body, "idempotency_overlay_records", &[]);
         assert!(
             overlay.is_some(),
