@@ -7,17 +7,19 @@ use std::time::Duration;
 use crate::api::key::Key;
 
 /// Enters a debug-level span named `$name` (with a `backend` field) until the guard drops,
-/// once a `tracing` subscriber has been set.
+/// if a `tracing` subscriber is current (the global one, or one set on this thread).
 ///
-/// Why not before: until then, if any crate in the build enables `tracing`'s `log` feature
+/// Why not otherwise: with none, if any crate in the build enables `tracing`'s `log` feature
 /// (axum does by default), every span is recorded and its entry and exit are described for
 /// `log`, whether or not a logger wants them: about 280 of a replay's ~17,000 instructions
 /// (cachegrind). Events still reach `log` then; spans serve subscribers.
 macro_rules! enter {
     ($name:literal, $backend:expr) => {{
         #[cfg(feature = "tracing")]
-        let guard = tracing::dispatcher::has_been_set()
-            .then(|| tracing::debug_span!($name, backend = $backend).entered());
+        let guard = tracing::dispatcher::get_default(|current| {
+            !current.is::<tracing::subscriber::NoSubscriber>()
+        })
+        .then(|| tracing::debug_span!($name, backend = $backend).entered());
         #[cfg(not(feature = "tracing"))]
         let guard = $crate::api::trace::NoSpan;
         let _ = $backend;
