@@ -1073,23 +1073,6 @@ struct Tally {
 struct CellResult {
     pairs: Option<(f64, Option<Lat>)>,
     replay: Option<f64>,
-    /// Operations (of every kind) per second of the process's CPU time inside the window.
-    per_cpu_s: Option<f64>,
-}
-
-/// The CPU time this process has used so far, every thread counted. The kernel leaves out
-/// time the hypervisor gave to other guests (steal), so on a shared host this counts the
-/// work done, where wall-clock rates also count the neighbours.
-fn process_cpu() -> Option<Duration> {
-    // SAFETY: getrusage only writes into the struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return None;
-    }
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    Some(time(usage.ru_utime) + time(usage.ru_stime))
 }
 
 /// Runs `plan` (work kind, thread count) against `sys`: a warm-up, then a window of `secs`.
@@ -1151,27 +1134,18 @@ fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResu
         }
         ready.wait();
         let now = Instant::now();
-        let (start, end) = (now + warmup, now + warmup + window);
         if let Ok(mut b) = bounds.lock() {
-            *b = Some((start, end));
+            *b = Some((now + warmup, now + warmup + window));
         }
         go.wait();
-        thread::sleep(start.saturating_duration_since(Instant::now()));
-        let cpu_before = process_cpu();
-        thread::sleep(end.saturating_duration_since(Instant::now()));
-        let cpu = process_cpu()
-            .zip(cpu_before)
-            .map(|(after, before)| after - before);
-        let results = handles
+        handles
             .into_iter()
             .map(|h| match h?.join() {
                 Ok(r) => r,
                 Err(_) => Err("a worker panicked".to_owned()),
             })
-            .collect::<Vec<Res<(Work, Tally)>>>();
-        (results, cpu)
+            .collect::<Vec<Res<(Work, Tally)>>>()
     });
-    let (results, cpu) = results;
     let mut pairs: Option<Tally> = None;
     let mut replay: Option<Tally> = None;
     for r in results {
@@ -1185,11 +1159,7 @@ fn run_cell(sys: &dyn System, plan: &[(Work, usize)], secs: f64) -> Res<CellResu
         acc.ops += tally.ops;
         acc.latencies_ns.extend(tally.latencies_ns);
     }
-    let ops = pairs.as_ref().map_or(0, |t| t.ops) + replay.as_ref().map_or(0, |t| t.ops);
     Ok(CellResult {
-        per_cpu_s: cpu
-            .filter(|cpu| !cpu.is_zero())
-            .map(|cpu| ops as f64 / cpu.as_secs_f64()),
         pairs: pairs.map(|t| (t.ops as f64 / secs, percentiles(t.latencies_ns))),
         replay: replay.map(|t| t.ops as f64 / secs),
     })
@@ -1410,8 +1380,6 @@ struct Runner<'a> {
     replay: Vec<(String, usize, f64)>,
     mixed: Vec<(String, f64, f64, Option<Lat>)>,
     payments: Vec<(String, usize, f64, Option<Lat>)>,
-    /// (workload, system, threads) → operations per CPU-second
-    per_cpu: Vec<(&'static str, String, usize, f64)>,
 }
 
 /// The systems that run the payments workload.
@@ -1512,7 +1480,6 @@ impl Runner<'_> {
                 let r = self.with_system(system, false, |sys| {
                     run_cell(sys, &[(Work::Pairs, t)], secs)
                 })?;
-                self.count_cpu("pairs", system, t, &r);
                 if let Some((rate, lat)) = r.pairs {
                     self.pairs.push((system.to_owned(), t, rate, lat));
                 }
@@ -1526,7 +1493,6 @@ impl Runner<'_> {
                 let r = self.with_system(system, false, |sys| {
                     run_cell(sys, &[(Work::Payments, t)], secs)
                 })?;
-                self.count_cpu("payments", system, t, &r);
                 if let Some((rate, lat)) = r.pairs {
                     self.payments.push((system.to_owned(), t, rate, lat));
                 }
@@ -1558,7 +1524,7 @@ impl Runner<'_> {
                     for &t in &threads {
                         self.out.note(format!("replay {system:<12} {t:>3} threads"));
                         let r = run_cell(sys, &[(Work::Replay, t)], secs)?;
-                        replay.push((t, r.replay.unwrap_or(0.0), r.per_cpu_s));
+                        replay.push((t, r.replay.unwrap_or(0.0)));
                     }
                 }
                 let mut mixed = None;
@@ -1576,25 +1542,14 @@ impl Runner<'_> {
                 }
                 Ok((replay, mixed))
             })?;
-            for (t, rate, per_cpu_s) in replay {
+            for (t, rate) in replay {
                 self.replay.push((system.to_owned(), t, rate));
-                if let Some(per_cpu_s) = per_cpu_s {
-                    self.per_cpu
-                        .push(("replay", system.to_owned(), t, per_cpu_s));
-                }
             }
             if let Some((r, p, lat)) = mixed {
                 self.mixed.push((system.to_owned(), r, p, lat));
             }
         }
         Ok(())
-    }
-
-    fn count_cpu(&mut self, workload: &'static str, system: &str, t: usize, r: &CellResult) {
-        if let Some(per_cpu_s) = r.per_cpu_s {
-            self.per_cpu
-                .push((workload, system.to_owned(), t, per_cpu_s));
-        }
     }
 
     fn pairs_at(&self, system: &str, t: usize) -> Option<f64> {
@@ -1734,7 +1689,6 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         replay: Vec::new(),
         mixed: Vec::new(),
         payments: Vec::new(),
-        per_cpu: Vec::new(),
     };
     let started = Instant::now();
     runner.run()?;
@@ -2055,12 +2009,6 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     }
     for (system, t, rate) in &runner.replay {
         j.child("replay")
-            .child(system)
-            .set(t.to_string(), J::Num(*rate));
-    }
-    for (workload, system, t, rate) in &runner.per_cpu {
-        j.child("per_cpu_s")
-            .child(workload)
             .child(system)
             .set(t.to_string(), J::Num(*rate));
     }
