@@ -33,8 +33,8 @@ pub enum Error {
     },
 
     /// The lease is no longer valid: the key was taken over by a later attempt, released, or
-    /// expired and swept. Nothing was written. Do not report success to the client for this
-    /// attempt; a retry will see the newer attempt's outcome.
+    /// expired (whether or not a sweep has deleted it yet). Nothing was written. Do not report
+    /// success to the client for this attempt; a retry will see the newer attempt's outcome.
     #[error("lease lost: the key was taken over, released or expired; nothing was written")]
     LeaseLost,
 
@@ -66,8 +66,10 @@ pub enum Error {
     #[error("the store file is already open in this or another process")]
     AlreadyOpen,
 
-    /// The file is a database but not an idempotency store (it holds other tables), or it was
-    /// written by a newer, incompatible version of this crate. Check the path.
+    /// The file is not an idempotency store: it is empty, is another redb database or holds
+    /// other tables, was written by a newer, incompatible version of this crate, or its
+    /// creation was cut short; or it is missing and `create_if_missing(false)` is set. Check
+    /// the path.
     #[error("not an idempotency store: {reason}")]
     NotAStore {
         /// What was found instead.
@@ -116,9 +118,9 @@ pub enum Error {
         cause: Cause,
     },
 
-    /// A store call was made from inside a `complete_with` effect, which runs while the
-    /// store's writer is held: it would wait for itself forever. Nothing was done. Do the call
-    /// before or after `complete_with`, or write through the transaction the effect receives.
+    /// A store call was made from inside a `complete_with` or `complete_with_effects` effect,
+    /// which runs while the store's writer is held: it would wait for itself forever. Nothing
+    /// was done. Do the call before or after, or write through what the effect receives.
     #[error(
         "store call from inside a complete_with effect (the writer is held by this thread); \
          call it before or after complete_with"
