@@ -122,8 +122,8 @@ pub enum Error {
     /// which runs while the store's writer is held: it would wait for itself forever. Nothing
     /// was done. Do the call before or after, or write through what the effect receives.
     #[error(
-        "store call from inside a complete_with effect (the writer is held by this thread); \
-         call it before or after complete_with"
+        "store call from inside a complete_with or complete_with_effects effect (the writer \
+         is held by this thread); call it before or after the completion"
     )]
     Reentrant,
 

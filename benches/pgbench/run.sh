@@ -6,7 +6,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 db=${DB:-${IDEMPOTENCY_PG_URL:?set DB or IDEMPOTENCY_PG_URL to a libpq connection string}}
 C=${C:-16}; T=${T:-6}; R=${R:-8}; read -r -a scripts <<< "${S:-probe store lean lean_plain}"
-psql -q -X -v ON_ERROR_STOP=1 -f "$here/setup.sql" "$db" 2>/dev/null
+PGOPTIONS="-c client_min_messages=warning" psql -q -X -v ON_ERROR_STOP=1 -f "$here/setup.sql" "$db"
 n=${#scripts[@]}
 for r in $(seq 1 "$R"); do
   for i in $(seq 0 $((n - 1))); do
