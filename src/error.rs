@@ -167,6 +167,36 @@ impl Error {
         }
     }
 
+    /// Whether the failed call may nevertheless have taken effect: a storage failure after
+    /// the write was sent (the connection was lost before its answer, a sync failed), as
+    /// opposed to one refused before anything was sent (no connection could be had: nothing
+    /// was done) and to every other error (nothing was written).
+    ///
+    /// After such an error, settle the outcome by retrying the same call: `complete`,
+    /// `complete_with` or `release` with the same lease (a retry that finds its own completion
+    /// answers `Ok`, and [`Error::LeaseLost`] only if another attempt settled the key), or the
+    /// claim with the same [`ClaimId`](crate::ClaimId)
+    /// ([`IdempotencyStore::claim_with_id`](crate::IdempotencyStore::claim_with_id)).
+    #[must_use]
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Storage { source, .. } => source.downcast_ref::<NotSent>().is_none(),
+            _ => false,
+        }
+    }
+
+    /// A storage failure known to have happened before anything was sent: nothing was done.
+    #[cfg_attr(not(feature = "postgres"), expect(dead_code))]
+    pub(crate) fn not_sent(
+        context: &'static str,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Error::Storage {
+            context,
+            source: Arc::new(NotSent(Box::new(source))),
+        }
+    }
+
     pub(crate) fn corrupted(reason: impl Into<String>) -> Self {
         Error::Corrupted {
             reason: reason.into(),
@@ -177,6 +207,23 @@ impl Error {
         Error::InvalidKey {
             reason: reason.into(),
         }
+    }
+}
+
+/// The cause of a storage failure that happened before the call was sent (see
+/// [`Error::outcome_unknown`]); shows as its inner cause.
+#[derive(Debug)]
+pub(crate) struct NotSent(Box<dyn StdError + Send + Sync + 'static>);
+
+impl std::fmt::Display for NotSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl StdError for NotSent {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
     }
 }
 

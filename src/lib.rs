@@ -148,7 +148,7 @@ pub use crate::api::metrics::{
     ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
 };
 pub use crate::api::outcome::{
-    Claim, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
+    Claim, ClaimId, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
 };
 pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
 pub use crate::api::response::Response;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, Outcome, RecordView, Replay};
+use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordView, Replay};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::{Error, Result};
@@ -63,6 +63,26 @@ pub trait IdempotencyStore: Send + Sync {
     /// After a storage error on the write path the claim may have landed; its lease then
     /// lapses normally.
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;
+
+    /// Like [`claim`](IdempotencyStore::claim), and recoverable: the record remembers `id`,
+    /// and a later claim with the same key, fingerprint and `id` that finds the record still in
+    /// progress under the lease this id won gets that lease back ([`Claim::Acquired`], same
+    /// token, same deadline, same attempt) instead of [`Claim::InProgress`].
+    ///
+    /// Use it when a claim failed with an error whose outcome is unknown
+    /// ([`Error::outcome_unknown`]): the claim may have won the key and only its answer was
+    /// lost. Retrying with the same id either gets that lease back or claims afresh; without an
+    /// id the key would answer "in progress" to its own winner until the lease lapsed.
+    ///
+    /// The default ignores `id` and calls [`claim`](IdempotencyStore::claim) (for backends
+    /// outside this crate); both of this crate's backends store it.
+    ///
+    /// # Errors
+    /// As for [`claim`](IdempotencyStore::claim).
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        let _ = id;
+        self.claim(key, fingerprint)
+    }
 
     /// Like [`claim`](IdempotencyStore::claim), but while the key is in progress, waits up to
     /// `timeout` for it to settle: returns the replay once the holder completes,
@@ -265,6 +285,15 @@ macro_rules! forward {
         impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr {
             fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
                 (**self).claim(key, fingerprint)
+            }
+
+            fn claim_with_id(
+                &self,
+                key: &Key,
+                fingerprint: Fingerprint,
+                id: ClaimId,
+            ) -> Result<Claim> {
+                (**self).claim_with_id(key, fingerprint, id)
             }
 
             fn claim_wait(

@@ -128,6 +128,42 @@ impl Lease {
     }
 }
 
+/// Names one claim attempt of one caller, so that the caller can get its lease back when the
+/// claim's answer was lost ([`IdempotencyStore::claim_with_id`](crate::IdempotencyStore::claim_with_id)).
+///
+/// Generate one per request (not per retry of the store call): [`ClaimId::random`] does. It
+/// only has to differ from the ids of other callers of the same key and fingerprint, so 64
+/// random bits are plenty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimId(pub(crate) u64);
+
+impl ClaimId {
+    /// A claim id from the caller's own number (a request id, say). Must differ between the
+    /// callers that may claim the same key with the same fingerprint.
+    #[must_use]
+    pub const fn new(id: u64) -> ClaimId {
+        ClaimId(id)
+    }
+
+    /// A fresh random claim id (from the standard library's randomly seeded hasher: no extra
+    /// dependency, different in every process and every call).
+    #[must_use]
+    pub fn random() -> ClaimId {
+        use std::hash::{BuildHasher, Hasher};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        ClaimId(hasher.finish())
+    }
+
+    /// The number.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// A completed operation's stored response, with its times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

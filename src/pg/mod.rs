@@ -608,9 +608,10 @@ impl PgStore {
                     std::io::Error::other("the store is being dropped"),
                 )
             })?;
+            // Nothing was sent yet: the call did nothing (`Error::outcome_unknown` is false).
             let mut conn = pool
-                .get()
-                .map_err(|e| Error::storage("getting a PostgreSQL connection", e))?;
+                .get_timeout(self.settings.connection_timeout)
+                .map_err(|e| Error::not_sent("getting a PostgreSQL connection", e))?;
             let result = conn
                 .parts(&self.sql)
                 .and_then(|(client, st)| body(client, st));
