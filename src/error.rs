@@ -169,8 +169,9 @@ impl Error {
 
     /// Whether the failed call may nevertheless have taken effect: a storage failure after
     /// the write was sent (the connection was lost before its answer, a sync failed), as
-    /// opposed to one refused before anything was sent (no connection could be had: nothing
-    /// was done) and to every other error (nothing was written).
+    /// opposed to one known to have done nothing (no connection could be had, or PostgreSQL
+    /// answered the statement with an `ERROR` and rolled it back) and to every other error
+    /// (nothing was written).
     ///
     /// After such an error, settle the outcome by retrying the same call: `complete`,
     /// `complete_with` or `release` with the same lease (a retry that finds its own completion
@@ -180,20 +181,29 @@ impl Error {
     #[must_use]
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            Error::Storage { source, .. } => source.downcast_ref::<NotSent>().is_none(),
+            Error::Storage { source, .. } => source.downcast_ref::<NotApplied>().is_none(),
             _ => false,
         }
     }
 
-    /// A storage failure known to have happened before anything was sent: nothing was done.
+    /// A storage error whose outcome is unknown, for tests outside the crate (wrappers that
+    /// inject faults): internal, see Cargo.toml's `__test-hooks`.
+    #[cfg(feature = "__test-hooks")]
+    #[doc(hidden)]
+    pub fn storage_for_tests(context: &'static str) -> Self {
+        Error::storage(context, std::io::Error::other("injected by a test"))
+    }
+
+    /// A storage failure known to have done nothing: refused before anything was sent, or
+    /// rolled back by the server.
     #[cfg_attr(not(feature = "postgres"), expect(dead_code))]
-    pub(crate) fn not_sent(
+    pub(crate) fn not_applied(
         context: &'static str,
         source: impl StdError + Send + Sync + 'static,
     ) -> Self {
         Error::Storage {
             context,
-            source: Arc::new(NotSent(Box::new(source))),
+            source: Arc::new(NotApplied(Box::new(source))),
         }
     }
 
@@ -210,18 +220,18 @@ impl Error {
     }
 }
 
-/// The cause of a storage failure that happened before the call was sent (see
-/// [`Error::outcome_unknown`]); shows as its inner cause.
+/// The cause of a storage failure that did nothing (see [`Error::outcome_unknown`]); shows
+/// as its inner cause.
 #[derive(Debug)]
-pub(crate) struct NotSent(Box<dyn StdError + Send + Sync + 'static>);
+pub(crate) struct NotApplied(Box<dyn StdError + Send + Sync + 'static>);
 
-impl std::fmt::Display for NotSent {
+impl std::fmt::Display for NotApplied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
     }
 }
 
-impl StdError for NotSent {
+impl StdError for NotApplied {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         self.0.source()
     }

@@ -1061,7 +1061,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        5
+        6
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1118,7 +1118,7 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     assert_eq!(db.query_i64(&cheap)?, 1);
     assert_eq!(
         db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
-        5
+        6
     );
     // The record survived, and claims (which call the new function) work.
     assert!(matches!(

@@ -125,14 +125,22 @@ pub trait IdempotencyStore: Send + Sync {
     /// Stores the response for the lease's key and ends the lease; fenced by the lease's
     /// token. See [`Store::complete`](crate::Store::complete).
     ///
+    /// After an error whose outcome is unknown ([`Error::outcome_unknown`]), call it again
+    /// with the same lease and the same response: if the first call landed, the retry finds
+    /// this lease's completion with that response and answers `Ok`; it fails with
+    /// [`Error::LeaseLost`] only if another attempt settled the key. (Without such an error
+    /// before it, a second completion of a settled lease fails with `LeaseLost`.)
+    ///
     /// # Errors
     /// [`Error::ResponseTooLarge`] (nothing written, the lease still holds);
     /// [`Error::LeaseLost`] if the key was taken over, released or expired (nothing written);
-    /// [`Error::Storage`] if the write failed (outcome unknown: look the key up).
+    /// [`Error::Storage`] if the write failed (if [`Error::outcome_unknown`], retry as above).
     fn complete(&self, lease: &Lease, response: Response) -> Result<()>;
 
     /// Deletes the lease's record so that a retry runs afresh; fenced like
-    /// [`complete`](IdempotencyStore::complete).
+    /// [`complete`](IdempotencyStore::complete). Retried with the same lease after an error
+    /// whose outcome is unknown, it answers `Ok` if the record is gone (the first call
+    /// landed, or the record expired and was swept: the key is free either way).
     ///
     /// # Errors
     /// [`Error::LeaseLost`] if the lease no longer holds the key; [`Error::Storage`].
@@ -205,6 +213,13 @@ pub trait IdempotencyStore: Send + Sync {
     /// `Err` the key is released so that a retry runs afresh. Every other claim outcome is
     /// returned without running anything. See [`Store::execute`](crate::Store::execute).
     ///
+    /// Exactly once, also when the store stumbles: the claim carries a fresh [`ClaimId`] and
+    /// a claim, completion or release that fails with its outcome unknown is retried once
+    /// (same claim id, same lease), so a lost answer does not block the key or lose the
+    /// completion. A response larger than `max_response_bytes` is replaced by
+    /// [`Response::not_stored`] (a 500 problem that every retry replays; the operation is not
+    /// run again), which [`Outcome::Executed`] then carries.
+    ///
     /// # Errors
     /// Those of [`claim`](IdempotencyStore::claim) and
     /// [`complete`](IdempotencyStore::complete). If `operation` fails and releasing the key
@@ -219,13 +234,16 @@ pub trait IdempotencyStore: Send + Sync {
     }
 }
 
-/// The one implementation of `execute`.
+/// The one implementation of `execute`. The claim carries a fresh claim id and every store
+/// call whose outcome is unknown is retried once (the same claim id, the same lease), so a
+/// lost answer neither blocks the key nor runs the operation twice.
 fn run<S, E, F>(store: &S, key: &Key, fingerprint: Fingerprint, operation: F) -> Result<Outcome<E>>
 where
     S: IdempotencyStore,
     F: FnOnce(&mut Lease) -> Result<Response, E>,
 {
-    let mut lease = match store.claim(key, fingerprint)? {
+    let id = ClaimId::random();
+    let mut lease = match once_more(|| store.claim_with_id(key, fingerprint, id))? {
         Claim::Acquired(lease) => lease,
         Claim::Completed(replay) => return Ok(Outcome::Replayed(replay)),
         Claim::InProgress {
@@ -240,14 +258,41 @@ where
         Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
     };
     match operation(&mut lease) {
-        Ok(response) => {
-            store.complete(&lease, response.clone())?;
-            Ok(Outcome::Executed(response))
-        }
-        Err(err) => match store.release(&lease) {
+        Ok(response) => store_answer(store, &lease, response).map(Outcome::Executed),
+        Err(err) => match once_more(|| store.release(&lease)) {
             Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
             Err(other) => Err(other),
         },
+    }
+}
+
+/// Completes the lease with `response`, or, if the store cannot keep a response that large,
+/// with [`Response::not_stored`]: the operation ran, so a retry must replay, not run it again.
+/// Returns what was stored.
+fn store_answer<S: IdempotencyStore>(
+    store: &S,
+    lease: &Lease,
+    response: Response,
+) -> Result<Response> {
+    match once_more(|| store.complete(lease, response.clone())) {
+        Ok(()) => Ok(response),
+        Err(err @ Error::ResponseTooLarge { size, limit }) => {
+            crate::api::trace::answer_not_stored(&err);
+            let substitute = Response::not_stored(size, limit);
+            once_more(|| store.complete(lease, substitute.clone()))?;
+            Ok(substitute)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Runs `call`, and once more if it failed with its outcome unknown: the retry of a claim
+/// with the same claim id, or of a settling call with the same lease, settles what the first
+/// one did.
+pub(crate) fn once_more<T>(mut call: impl FnMut() -> Result<T>) -> Result<T> {
+    match call() {
+        Err(err) if err.outcome_unknown() => call(),
+        other => other,
     }
 }
 

@@ -1,5 +1,7 @@
 //! What a store answers: claim outcomes, leases, replays, record views and operator results.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -70,9 +72,59 @@ pub struct Lease {
     pub(crate) attempt: u32,
     pub(crate) lease_until: Timestamp,
     pub(crate) checkpoint: Option<Vec<u8>>,
+    pub(crate) in_doubt: InDoubt,
 }
 
+/// Set once a settling call on the lease failed with an outcome-unknown error
+/// ([`Error::outcome_unknown`](crate::Error::outcome_unknown)): only then may a later
+/// `complete` or `release` of the lease find its own earlier settlement and answer `Ok`.
+/// Without the flag a settled lease stays settled: every further use fails with `LeaseLost`.
+#[derive(Debug, Default)]
+pub(crate) struct InDoubt(AtomicBool);
+
+impl InDoubt {
+    pub(crate) fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Marks the lease after `result`, if it is an outcome-unknown error.
+    pub(crate) fn after<T>(&self, result: &crate::error::Result<T>) {
+        if result
+            .as_ref()
+            .is_err_and(crate::error::Error::outcome_unknown)
+        {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Not part of a lease's identity.
+impl PartialEq for InDoubt {
+    fn eq(&self, _: &InDoubt) -> bool {
+        true
+    }
+}
+
+impl Eq for InDoubt {}
+
 impl Lease {
+    pub(crate) fn new(
+        key: Key,
+        token: u64,
+        attempt: u32,
+        lease_until: Timestamp,
+        checkpoint: Option<Vec<u8>>,
+    ) -> Lease {
+        Lease {
+            key,
+            token,
+            attempt,
+            lease_until,
+            checkpoint,
+            in_doubt: InDoubt::default(),
+        }
+    }
+
     /// The key this lease holds.
     #[must_use]
     pub fn key(&self) -> &Key {
@@ -111,13 +163,22 @@ impl Lease {
     /// token, so either handle settles the lease, and the other then gets `LeaseLost`.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn twin(&self) -> Lease {
-        Lease {
-            key: self.key.clone(),
-            token: self.token,
-            attempt: self.attempt,
-            lease_until: self.lease_until,
-            checkpoint: None,
-        }
+        Lease::new(
+            self.key.clone(),
+            self.token,
+            self.attempt,
+            self.lease_until,
+            None,
+        )
+    }
+
+    /// Marks the lease as if a settling call had failed with its outcome unknown; for the
+    /// test suite, which cannot make a storage fail on demand on every backend.
+    #[cfg(feature = "__test-hooks")]
+    #[doc(hidden)]
+    pub fn mark_in_doubt(&self) {
+        self.in_doubt
+            .after::<()>(&Err(crate::error::Error::storage_for_tests("a test")));
     }
 
     /// The last recovery point stored for this operation: on a takeover, the previous

@@ -4,7 +4,8 @@
 
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
-use crate::api::outcome::{Claim, RecordState, RecordView, Replay};
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, ClaimId, Lease, RecordState, RecordView, Replay};
 use crate::api::response::Response;
 
 /// One key's record.
@@ -29,10 +30,16 @@ pub(crate) enum State {
         lease_until: u64,
         /// The holder's recovery point (`Store::checkpoint`).
         checkpoint: Option<Vec<u8>>,
+        /// The claim id the holder claimed with, if any: a claim with the same id gets the
+        /// lease back (`claim_with_id`).
+        claim_id: Option<u64>,
     },
     Completed {
         completed_at: u64,
         response: Response,
+        /// The token of the lease that completed it (`None` in records written before the
+        /// token was kept): a retried completion of that lease finds its own.
+        token: Option<u64>,
     },
 }
 
@@ -46,8 +53,16 @@ pub(crate) enum Verdict {
     Takeover(Record),
 }
 
-/// The answer to a claim of a key whose record is `record` (`None`: no record) at `now`.
-pub(crate) fn verdict(record: Option<Record>, fingerprint: Fingerprint, now: Timestamp) -> Verdict {
+/// The answer to a claim of `key` with `id` whose record is `record` (`None`: no record) at
+/// `now`. A live lease won with the same claim id is handed back: that caller's earlier claim
+/// acquired, and only its answer was lost.
+pub(crate) fn verdict(
+    key: &Key,
+    record: Option<Record>,
+    fingerprint: Fingerprint,
+    id: Option<ClaimId>,
+    now: Timestamp,
+) -> Verdict {
     let Some(record) = record.filter(|r| !r.is_expired(now)) else {
         return Verdict::Fresh;
     };
@@ -57,6 +72,20 @@ pub(crate) fn verdict(record: Option<Record>, fingerprint: Fingerprint, now: Tim
         });
     }
     match record.state {
+        State::InProgress {
+            token,
+            lease_until,
+            checkpoint,
+            claim_id: Some(held_by),
+        } if now.as_millis() < lease_until && id.map(ClaimId::get) == Some(held_by) => {
+            Verdict::Answer(Claim::Acquired(Lease::new(
+                key.clone(),
+                token,
+                record.attempt,
+                Timestamp::from_millis(lease_until),
+                checkpoint,
+            )))
+        }
         State::InProgress { lease_until, .. } if now.as_millis() < lease_until => {
             Verdict::Answer(Claim::InProgress {
                 lease_until: Timestamp::from_millis(lease_until),
@@ -67,6 +96,7 @@ pub(crate) fn verdict(record: Option<Record>, fingerprint: Fingerprint, now: Tim
         State::Completed {
             completed_at,
             response,
+            ..
         } => Verdict::Answer(Claim::Completed(Replay {
             response,
             created_at: Timestamp::from_millis(record.created_at),
@@ -102,11 +132,13 @@ impl Record {
         now.as_millis() >= self.expires_at
     }
 
-    /// The record a claim writes for `attempt`: held by `token` until `lease_until`, kept
-    /// until `retention_ms` after the first claim or the lease's end, whichever is later.
+    /// The record a claim with `id` writes for `attempt`: held by `token` until
+    /// `lease_until`, kept until `retention_ms` after the first claim or the lease's end,
+    /// whichever is later.
     pub(crate) fn claimed(
         fingerprint: Fingerprint,
         attempt: Attempt,
+        id: Option<ClaimId>,
         token: u64,
         lease_until: u64,
         retention_ms: u64,
@@ -123,6 +155,7 @@ impl Record {
                 token,
                 lease_until,
                 checkpoint: attempt.checkpoint,
+                claim_id: id.map(ClaimId::get),
             },
         }
     }
@@ -140,13 +173,21 @@ impl Record {
         }
     }
 
-    /// This record completed at `now` with `response`: it replays until `now + retention_ms`.
-    pub(crate) fn completed(self, response: Response, now: Timestamp, retention_ms: u64) -> Record {
+    /// This record completed at `now` by the lease `token` with `response`: it replays until
+    /// `now + retention_ms`.
+    pub(crate) fn completed(
+        self,
+        token: u64,
+        response: Response,
+        now: Timestamp,
+        retention_ms: u64,
+    ) -> Record {
         Record {
             expires_at: now.plus(retention_ms).as_millis(),
             state: State::Completed {
                 completed_at: now.as_millis(),
                 response,
+                token: Some(token),
             },
             ..self
         }
@@ -176,6 +217,7 @@ impl Record {
             State::Completed {
                 completed_at,
                 response,
+                ..
             } => RecordState::Completed {
                 completed_at: Timestamp::from_millis(completed_at),
                 response,
@@ -188,5 +230,12 @@ impl Record {
             attempt: self.attempt,
             state,
         }
+    }
+
+    /// Whether the lease `token` completed this record with exactly `response`: a retried
+    /// completion of that lease that finds it has nothing left to do.
+    pub(crate) fn completed_by(&self, token: u64, response: &Response) -> bool {
+        matches!(&self.state, State::Completed { token: Some(t), response: r, .. }
+            if *t == token && r == response)
     }
 }

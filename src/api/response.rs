@@ -46,4 +46,37 @@ impl Response {
             .map(|(n, v)| n.len() + v.len())
             .fold(self.body.len(), usize::saturating_add)
     }
+
+    /// What is stored instead of a response larger than the store keeps
+    /// (`max_response_bytes`) once the operation has run: a 500
+    /// `application/problem+json` that says so, replayed to every retry, so that the
+    /// operation is never run again for the key. [`Store::execute`](crate::Store::execute) and
+    /// the HTTP flow store it; `size` and `limit` are those of
+    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge).
+    #[must_use]
+    pub fn not_stored(size: usize, limit: usize) -> Response {
+        Response::not_stored_because(&too_large(size, limit))
+    }
+
+    /// [`not_stored`](Response::not_stored) for another reason (`why` completes "The request
+    /// was carried out, but …").
+    pub(crate) fn not_stored_because(why: &str) -> Response {
+        // `why` is always this crate's own text, without quotes or backslashes: no escaping.
+        let body = format!(
+            "{{\"type\":\"{NOT_STORED_TYPE}\",\"title\":\"Response not stored\",\"status\":500,\
+             \"detail\":\"The request was carried out, but {why}, so it cannot be replayed. The \
+             request will not be carried out again for this key; ask the server's operator for \
+             its outcome.\"}}"
+        );
+        Response::new(500, body).with_header("content-type", "application/problem+json")
+    }
 }
+
+/// Why a response of `size` bytes was not stored, for [`Response::not_stored_because`].
+pub(crate) fn too_large(size: usize, limit: usize) -> String {
+    format!("its response of {size} bytes is larger than the {limit} bytes this server stores")
+}
+
+/// The `type` of [`Response::not_stored`]'s problem.
+pub(crate) const NOT_STORED_TYPE: &str =
+    "https://docs.rs/idempotency-store/latest/idempotency_store/http/#response-not-stored";

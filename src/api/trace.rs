@@ -63,6 +63,18 @@ pub(crate) fn lease_lost(backend: &str, call: &str) {
     let _ = (backend, call);
 }
 
+/// An operation ran but its answer could not be stored (`why`): a substitute was stored in
+/// its place, so that retries replay it instead of running the operation again.
+pub(crate) fn answer_not_stored(why: &dyn std::fmt::Display) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        %why,
+        "the answer could not be stored: a 500 substitute is stored and replayed instead"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = why;
+}
+
 /// A claim was refused for quota.
 pub(crate) fn quota_refused(backend: &str) {
     #[cfg(feature = "tracing")]

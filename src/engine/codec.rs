@@ -17,9 +17,14 @@ use crate::api::record::{Record, State};
 use crate::api::response::Response;
 use crate::error::{Error, Result};
 
-/// The record encoding this version writes and reads. 2: times after `created_at` are stored
-/// as offsets from it (1 stored them whole, 5 more bytes per record).
-pub(crate) const FORMAT_VERSION: u8 = 2;
+/// The record encoding this version writes. 3: an in-progress record keeps its holder's claim
+/// id and a completed one the token that completed it (2 kept neither, and is still read);
+/// 2: times after `created_at` are stored as offsets from it (1 stored them whole, 5 more
+/// bytes per record).
+pub(crate) const FORMAT_VERSION: u8 = 3;
+
+/// The oldest record encoding this version still reads.
+const OLDEST_READ: u8 = 2;
 
 impl Record {
     pub(crate) fn encode(&self, key: &[u8]) -> Result<Vec<u8>> {
@@ -36,17 +41,21 @@ impl Record {
                 token,
                 lease_until,
                 checkpoint,
+                claim_id,
             } => WireState::InProgress {
                 token: *token,
                 lease_for: after(*lease_until)?,
                 checkpoint: Cow::Borrowed(checkpoint),
+                claim_id: *claim_id,
             },
             State::Completed {
                 completed_at,
                 response,
+                token,
             } => WireState::Completed {
                 completed_after: after(*completed_at)?,
                 response: Cow::Borrowed(response),
+                token: *token,
             },
         };
         let wire = Wire {
@@ -55,6 +64,7 @@ impl Record {
             expires_after: after(self.expires_at)?,
             attempt: self.attempt,
             state,
+            _borrowed: std::marker::PhantomData,
         };
         let mut out = postcard::to_extend(&wire, vec![FORMAT_VERSION])
             .map_err(|e| Error::storage("encoding a record", e))?;
@@ -75,37 +85,63 @@ impl Record {
         let Some((&version, body)) = versioned.split_first() else {
             return Err(Error::corrupted("empty record"));
         };
-        if version != FORMAT_VERSION {
-            return Err(Error::corrupted(format!(
+        match version {
+            FORMAT_VERSION => whole::<Wire<'_>>(body)?.into_record(),
+            OLDEST_READ => whole::<Wire<'_, WireStateV2<'_>>>(body)?
+                .upgraded()
+                .into_record(),
+            _ => Err(Error::corrupted(format!(
                 "record format version {version} is not supported (this build reads \
-                 version {FORMAT_VERSION})"
-            )));
+                 versions {OLDEST_READ} to {FORMAT_VERSION})"
+            ))),
         }
-        let (wire, rest): (Wire<'_>, _) = postcard::take_from_bytes(body)
-            .map_err(|e| Error::corrupted(format!("record does not decode: {e}")))?;
-        if !rest.is_empty() {
-            return Err(Error::corrupted(format!(
-                "record has {} trailing bytes",
-                rest.len()
-            )));
-        }
-        wire.into_record()
     }
+}
+
+/// Decodes `body` as one `T`, with nothing left over.
+fn whole<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T> {
+    let (wire, rest): (T, _) = postcard::take_from_bytes(body)
+        .map_err(|e| Error::corrupted(format!("record does not decode: {e}")))?;
+    if !rest.is_empty() {
+        return Err(Error::corrupted(format!(
+            "record has {} trailing bytes",
+            rest.len()
+        )));
+    }
+    Ok(wire)
 }
 
 /// A record as encoded: the times after `created_at` as offsets from it, which take 1 to 4
 /// bytes where a whole timestamp takes 6.
 #[derive(Serialize, Deserialize)]
-struct Wire<'a> {
+struct Wire<'a, S = WireState<'a>> {
     fingerprint: Fingerprint,
     created_at: u64,
     expires_after: u64,
     attempt: u32,
-    state: WireState<'a>,
+    state: S,
+    #[serde(skip)]
+    _borrowed: std::marker::PhantomData<&'a ()>,
 }
 
 #[derive(Serialize, Deserialize)]
 enum WireState<'a> {
+    InProgress {
+        token: u64,
+        lease_for: u64,
+        checkpoint: Cow<'a, Option<Vec<u8>>>,
+        claim_id: Option<u64>,
+    },
+    Completed {
+        completed_after: u64,
+        response: Cow<'a, Response>,
+        token: Option<u64>,
+    },
+}
+
+/// Format 2's state: no claim id, no completing token.
+#[derive(Deserialize)]
+enum WireStateV2<'a> {
     InProgress {
         token: u64,
         lease_for: u64,
@@ -115,6 +151,39 @@ enum WireState<'a> {
         completed_after: u64,
         response: Cow<'a, Response>,
     },
+}
+
+impl<'a> Wire<'a, WireStateV2<'a>> {
+    fn upgraded(self) -> Wire<'a> {
+        let state = match self.state {
+            WireStateV2::InProgress {
+                token,
+                lease_for,
+                checkpoint,
+            } => WireState::InProgress {
+                token,
+                lease_for,
+                checkpoint,
+                claim_id: None,
+            },
+            WireStateV2::Completed {
+                completed_after,
+                response,
+            } => WireState::Completed {
+                completed_after,
+                response,
+                token: None,
+            },
+        };
+        Wire {
+            fingerprint: self.fingerprint,
+            created_at: self.created_at,
+            expires_after: self.expires_after,
+            attempt: self.attempt,
+            state,
+            _borrowed: std::marker::PhantomData,
+        }
+    }
 }
 
 impl Wire<'_> {
@@ -129,17 +198,21 @@ impl Wire<'_> {
                 token,
                 lease_for,
                 checkpoint,
+                claim_id,
             } => State::InProgress {
                 token,
                 lease_until: at(lease_for)?,
                 checkpoint: checkpoint.into_owned(),
+                claim_id,
             },
             WireState::Completed {
                 completed_after,
                 response,
+                token,
             } => State::Completed {
                 completed_at: at(completed_after)?,
                 response: response.into_owned(),
+                token,
             },
         };
         Ok(Record {
@@ -196,6 +269,7 @@ mod tests {
             state: State::Completed {
                 completed_at: 1,
                 response: Response::new(201, "ok").with_header("x", "y"),
+                token: Some(7),
             },
         }
     }
@@ -235,17 +309,42 @@ mod tests {
         let bytes = sample().encode(KEY)?;
         let versioned = &bytes[..bytes.len() - CHECKSUM_LEN];
         let mut other = versioned.to_vec();
-        other[0] = 3;
+        other[0] = 9;
         let err = Record::decode(KEY, &reseal(&other))
             .err()
             .map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.contains("format version 3")));
+        assert!(err.is_some_and(|e| e.contains("format version 9")));
         assert!(Record::decode(KEY, &reseal(&versioned[..versioned.len() - 1])).is_err());
         let mut long = versioned.to_vec();
         long.push(0);
         assert!(Record::decode(KEY, &reseal(&long)).is_err());
         assert!(Record::decode(KEY, &[]).is_err());
         assert!(Record::decode(KEY, &reseal(&[])).is_err());
+        Ok(())
+    }
+
+    /// Format 2 wrote no claim id and no completing token; its records still read, without
+    /// them. The bytes are format 2's encoding of `sample()`, as that version wrote them.
+    #[test]
+    fn reads_format_2() -> Result<()> {
+        let v2 = postcard::to_extend(
+            &(
+                Fingerprint::of(["a"]),
+                1u64,
+                1u64,
+                1u32,
+                1u32, // the `Completed` variant
+                0u64,
+                Response::new(201, "ok").with_header("x", "y"),
+            ),
+            vec![2u8],
+        )
+        .map_err(|e| Error::storage("encoding", e))?;
+        let mut want = sample();
+        if let State::Completed { token, .. } = &mut want.state {
+            *token = None;
+        }
+        assert_eq!(Record::decode(KEY, &reseal(&v2))?, want);
         Ok(())
     }
 }

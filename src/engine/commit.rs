@@ -360,6 +360,7 @@ mod tests {
                     ClaimKey {
                         key: Key::new("k").expect("key"),
                         fingerprint: Fingerprint::of(["r"]),
+                        id: None,
                     },
                     Arc::default(),
                 ),
@@ -382,6 +383,7 @@ mod tests {
                     key: Key::new("k").expect("key"),
                     token: 1,
                     response: crate::api::response::Response::new(200, vec![0; size]),
+                    retry: false,
                 };
                 Job::write(complete, Arc::default())
             })

@@ -565,13 +565,19 @@ impl Engine {
             || {
                 self.flush_overlay(&mut writer)?;
                 let txn = self.db()?.begin_write()?;
-                Tables::direct(&txn, &self.config.effects, None)?
-                    .held(&complete.key, complete.token, self.now())
+                let tables = Tables::direct(&txn, &self.config.effects, None)?;
+                let held = complete
+                    .held_or_settled(&tables, self.now())
                     .map_err(fail_error)?;
-                Ok(txn)
+                drop(tables);
+                Ok(held.map(|_| txn))
             },
             |err| self.poison_after(err),
         )?;
+        // A retry that found its own completion: the effect committed with it already.
+        let Some(txn) = txn else {
+            return Ok(Ok(()));
+        };
         let effect = {
             let _inside = EffectScope::enter();
             effect(&txn)

@@ -8,7 +8,7 @@
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, ForceRelease, Lease};
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease};
 use crate::api::record::{Attempt, Record, State, Verdict, verdict};
 use crate::api::response::Response;
 use crate::engine::batch::{Access, Ctx, Fail, Tables};
@@ -34,6 +34,7 @@ pub(crate) trait Write: Send + 'static {
 pub(crate) struct ClaimKey {
     pub key: Key,
     pub fingerprint: Fingerprint,
+    pub id: Option<ClaimId>,
 }
 
 /// `Store::complete`.
@@ -41,6 +42,9 @@ pub(crate) struct Complete {
     pub key: Key,
     pub token: u64,
     pub response: Response,
+    /// An earlier completion of this lease failed with its outcome unknown: finding that
+    /// completion already stored is success.
+    pub retry: bool,
 }
 
 /// A caller's effect: runs on the batch leader's thread, once, with the batch's tables.
@@ -56,6 +60,9 @@ pub(crate) struct CompleteEffects<T, E> {
 pub(crate) struct Release {
     pub key: Key,
     pub token: u64,
+    /// An earlier settling call of this lease failed with its outcome unknown: finding the
+    /// record gone is success.
+    pub retry: bool,
 }
 
 /// `Store::heartbeat`; yields the new end of the lease.
@@ -80,10 +87,14 @@ impl Write for ClaimKey {
     type Output = Claim;
 
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<Claim, Fail> {
-        let ClaimKey { key, fingerprint } = self;
+        let ClaimKey {
+            key,
+            fingerprint,
+            id,
+        } = self;
         let existing = tables.get(&key)?;
         let old_expires_at = existing.as_ref().map(|r| r.expires_at);
-        let attempt = match verdict(existing, fingerprint, ctx.now) {
+        let attempt = match verdict(&key, existing, fingerprint, id, ctx.now) {
             Verdict::Answer(answer) => return Ok(answer),
             Verdict::Fresh => {
                 if old_expires_at.is_none() {
@@ -102,15 +113,22 @@ impl Write for ClaimKey {
         })?;
         let lease_until = ctx.now.plus(ctx.lease_ms).as_millis();
         let (number, checkpoint) = (attempt.number, attempt.checkpoint.clone());
-        let record = Record::claimed(fingerprint, attempt, token, lease_until, ctx.retention_ms);
+        let record = Record::claimed(
+            fingerprint,
+            attempt,
+            id,
+            token,
+            lease_until,
+            ctx.retention_ms,
+        );
         tables.put(&key, old_expires_at, &record)?;
-        Ok(Claim::Acquired(Lease {
+        Ok(Claim::Acquired(Lease::new(
             key,
             token,
-            attempt: number,
-            lease_until: Timestamp::from_millis(lease_until),
+            number,
+            Timestamp::from_millis(lease_until),
             checkpoint,
-        }))
+        )))
     }
 }
 
@@ -122,9 +140,11 @@ impl Write for Complete {
     }
 
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<(), Fail> {
-        let held = tables.held(&self.key, self.token, ctx.now)?;
+        let Some(held) = self.held_or_settled(tables, ctx.now)? else {
+            return Ok(());
+        };
         let old_expires_at = held.expires_at;
-        let record = held.completed(self.response, ctx.now, ctx.retention_ms);
+        let record = held.completed(self.token, self.response, ctx.now, ctx.retention_ms);
         tables.put(&self.key, Some(old_expires_at), &record)
     }
 }
@@ -169,8 +189,34 @@ impl Write for Release {
     type Output = ();
 
     fn apply<A: Access>(self, tables: &mut Tables<A>, ctx: &mut Ctx) -> Result<(), Fail> {
-        let record = tables.held(&self.key, self.token, ctx.now)?;
+        let record = match tables.held(&self.key, self.token, ctx.now) {
+            Ok(record) => record,
+            // Gone: this lease's release landed (or the record expired and was swept); the
+            // key is free either way.
+            Err(_) if self.retry && tables.get(&self.key)?.is_none() => return Ok(()),
+            Err(lost) => return Err(lost),
+        };
         tables.delete(self.key.as_stored(), record.expires_at)
+    }
+}
+
+impl Complete {
+    /// The record this completion may settle; `None` for a retry that finds its own
+    /// completion stored (the earlier attempt of this very call landed, only its answer was
+    /// lost): nothing left to do.
+    pub(crate) fn held_or_settled<A: Access>(
+        &self,
+        tables: &Tables<A>,
+        now: Timestamp,
+    ) -> Result<Option<Record>, Fail> {
+        match tables.held(&self.key, self.token, now) {
+            Ok(held) => Ok(Some(held)),
+            Err(lost) if self.retry => match tables.get(&self.key)? {
+                Some(record) if record.completed_by(self.token, &self.response) => Ok(None),
+                _ => Err(lost),
+            },
+            Err(lost) => Err(lost),
+        }
     }
 }
 

@@ -9,16 +9,16 @@ use ::http::{HeaderMap, Method, StatusCode};
 use super::options::{HandleOptions, Release};
 use super::view::RequestView;
 use super::{
-    IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay,
+    IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay, to_http,
 };
-use crate::api::backend::IdempotencyStore;
+use crate::api::backend::{IdempotencyStore, once_more};
 use crate::api::clock::Clock;
 use crate::api::clock::SystemClock;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::Claim;
-use crate::api::outcome::Lease;
+use crate::api::outcome::{Claim, ClaimId, Lease};
+use crate::api::response::Response;
 use crate::error::Error;
 
 type Answer = ::http::Response<Vec<u8>>;
@@ -37,6 +37,9 @@ pub(crate) struct Ticket {
     pub(crate) fingerprint: Fingerprint,
     previous: Option<Fingerprint>,
     pub(crate) route: String,
+    /// This request's claim id: its claim, retried after an error whose outcome is unknown,
+    /// gets its own lease back instead of "in progress" for a whole lease.
+    id: ClaimId,
 }
 
 /// After the claim: run the handler, or send this answer.
@@ -88,23 +91,44 @@ pub(crate) fn ticket(
             .as_ref()
             .map(|policy| policy.fingerprint(request)),
         route: format!("{} {}", request.method, request.uri.path()),
+        id: ClaimId::random(),
     })
 }
 
-/// Claims (or waits, with the options' bound); a record stored under the previous policy is
-/// claimed with the previous fingerprint. Blocks.
+/// Claims without waiting, with the ticket's claim id, once more after an error whose
+/// outcome is unknown; a record stored under the previous policy is claimed with the previous
+/// fingerprint. Blocks.
+pub(crate) fn claim_now<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    ticket: &Ticket,
+) -> crate::error::Result<Claim> {
+    let attempt =
+        |fingerprint| once_more(|| store.claim_with_id(&ticket.key, fingerprint, ticket.id));
+    with_previous(ticket, attempt)
+}
+
+/// The sync flow's claim: [`claim_now`], then, for a key in flight, `claim_wait` up to the
+/// options' bound, which holds the calling thread while it waits. Blocks.
 pub(crate) fn claim<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
     ticket: &Ticket,
 ) -> crate::error::Result<Claim> {
-    let attempt = |fingerprint| {
-        if options.wait.is_zero() {
-            store.claim(&ticket.key, fingerprint)
-        } else {
-            store.claim_wait(&ticket.key, fingerprint, options.wait)
-        }
-    };
+    let claim = claim_now(store, ticket)?;
+    if options.wait.is_zero() || !matches!(claim, Claim::InProgress { .. }) {
+        return Ok(claim);
+    }
+    with_previous(ticket, |fingerprint| {
+        once_more(|| store.claim_wait(&ticket.key, fingerprint, options.wait))
+    })
+}
+
+/// `attempt` with the ticket's fingerprint, and again with the previous policy's if the
+/// record was stored under that one.
+fn with_previous(
+    ticket: &Ticket,
+    attempt: impl Fn(Fingerprint) -> crate::error::Result<Claim>,
+) -> crate::error::Result<Claim> {
     match attempt(ticket.fingerprint)? {
         Claim::Mismatch { stored } if Some(stored) == ticket.previous => attempt(stored),
         claim => Ok(claim),
@@ -183,7 +207,8 @@ pub(crate) fn heartbeat_period<S: IdempotencyStore + ?Sized>(
         .then(|| super::heartbeat::period(lease, now(store)))
 }
 
-/// Stores or releases what the handler returned and gives the client's answer. Blocks.
+/// Stores or releases what the handler returned and gives the client's answer. A settling
+/// call whose outcome is unknown is made once more with the same lease. Blocks.
 pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
@@ -196,7 +221,7 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
     let releases = response.extensions().get::<Release>().is_some()
         || options.finality.releases(response.status());
     if releases {
-        match store.release(lease) {
+        match once_more(|| store.release(lease)) {
             Ok(()) | Err(Error::LeaseLost) => {}
             Err(err) => options.report(&err),
         }
@@ -205,11 +230,7 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
     let (mut parts, body) = response.into_parts();
     let extensions = std::mem::take(&mut parts.extensions);
     let stored = from_http(::http::Response::from_parts(parts.clone(), body.clone()));
-    let completed = match &options.complete {
-        Some(hook) => hook(lease, stored, &extensions),
-        None => store.complete(lease, stored).map(Ok),
-    };
-    match completed {
+    match complete(store, options, lease, stored, &extensions) {
         Ok(Ok(())) => {
             parts.extensions = extensions;
             ::http::Response::from_parts(parts, body)
@@ -217,9 +238,52 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
         Ok(Err(err)) => {
             options.report(&*err);
             // Nothing was stored: let the retry run afresh.
-            if let Err(err) = store.release(lease) {
+            if let Err(err) = once_more(|| store.release(lease)) {
                 options.report(&err);
             }
+            Problem::internal().to_http()
+        }
+        Err(err @ Error::ResponseTooLarge { size, limit }) => {
+            options.report(&err);
+            let why = crate::api::response::too_large(size, limit);
+            substitute(store, options, lease, &why, &extensions)
+        }
+        Err(err) => failed(options, &err),
+    }
+}
+
+/// Stores `response` as the lease's final answer: through the options' hook if set, once
+/// more after an error whose outcome is unknown.
+fn complete<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+    response: Response,
+    extensions: &::http::Extensions,
+) -> crate::error::Result<Result<(), super::options::BoxError>> {
+    once_more(|| match &options.complete {
+        Some(hook) => hook(lease, response.clone(), extensions),
+        None => store.complete(lease, response.clone()).map(Ok),
+    })
+}
+
+/// The handler ran, but its answer cannot be stored (`why`): stores
+/// [`Response::not_stored`]'s 500 in its place (through the hook, so that the hook's own
+/// writes commit with it), so every retry replays that and the handler never runs again for
+/// the key. Warns through `tracing`. Blocks.
+pub(crate) fn substitute<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+    why: &str,
+    extensions: &::http::Extensions,
+) -> Answer {
+    crate::api::trace::answer_not_stored(&why);
+    let substitute = Response::not_stored_because(why);
+    match complete(store, options, lease, substitute.clone(), extensions) {
+        Ok(Ok(())) => to_http(substitute).unwrap_or_else(|_| Problem::internal().to_http()),
+        Ok(Err(err)) => {
+            options.report(&*err);
             Problem::internal().to_http()
         }
         Err(err) => failed(options, &err),

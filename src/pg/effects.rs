@@ -72,7 +72,7 @@ impl PgStore {
         let status = i32::from(response.status);
         let token = token_param(lease.token)?;
         let (scope, name) = parts(&lease.key);
-        self.with_conn(|client, st| {
+        let done = self.with_conn(|client, st| {
             let mut txn = client
                 .transaction()
                 .map_err(|e| pg("starting a transaction", e))?;
@@ -109,7 +109,12 @@ impl PgStore {
             txn.commit()
                 .map_err(|e| pg("committing the caller's statements and the response", e))?;
             Ok(Ok(()))
-        })
+        });
+        // A retry that finds its own completion: the statements committed with it.
+        match done {
+            Ok(ran) => Ok(ran),
+            Err(err) => self.settle(lease, Err(err), Some(&response)).map(Ok),
+        }
     }
 
     /// Runs `read` in a read-only REPEATABLE READ transaction on one of the store's

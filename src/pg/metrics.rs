@@ -9,7 +9,7 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::{Call, Metrics};
-use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::api::outcome::{Claim, ClaimId, Lease, RecordView};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::trace;
@@ -20,6 +20,7 @@ use crate::pg::PgStore;
 pub(crate) trait Unmetered {
     fn now(&self) -> Result<Timestamp>;
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim>;
     fn complete(&self, lease: &Lease, response: Response) -> Result<()>;
     fn release(&self, lease: &Lease) -> Result<()>;
     fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp>;
@@ -59,6 +60,14 @@ impl IdempotencyStore for PgStore {
         let started = Instant::now();
         let _span = trace::enter!("claim", "postgres");
         let result = Unmetered::claim(self, key, fingerprint);
+        self.metrics.claimed(&result, started);
+        result
+    }
+
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        let started = Instant::now();
+        let _span = trace::enter!("claim", "postgres");
+        let result = Unmetered::claim_with_id(self, key, fingerprint, id);
         self.metrics.claimed(&result, started);
         result
     }

@@ -19,7 +19,7 @@ use crate::api::clock::{Clock, Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::Counters;
-use crate::api::outcome::{Claim, Lease, RecordView};
+use crate::api::outcome::{Claim, ClaimId, Lease, RecordView};
 use crate::api::record::{Record, State, Verdict, verdict};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
@@ -37,7 +37,10 @@ mod quota;
 mod tls;
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 5;
+const SCHEMA_VERSION: i32 = 6;
+
+/// The longest pause between the pool's attempts to reconnect to a server that is down.
+const RECONNECT_BACKOFF_CAP: Duration = Duration::from_millis(500);
 
 /// How often one claim starts over after losing a race before it reports an error.
 const CLAIM_ROUNDS: usize = 64;
@@ -103,7 +106,7 @@ fn after_lock(lock: &str) -> String {
 /// The columns a record is read from, after `c.now`.
 const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r.state, r.token, \
      r.attempt, r.lease_until, r.checkpoint, r.response_status, r.response_headers, \
-     r.response_body, r.created_at, r.completed_at, r.expires_at";
+     r.response_body, r.created_at, r.completed_at, r.expires_at, r.claim_id";
 
 /// The fence of `complete`, `release`, `heartbeat` and `checkpoint` (`$4` is the token).
 const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::bigint \
@@ -505,7 +508,11 @@ impl PgStoreBuilder {
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
             .min_idle(Some(0))
-            .connection_timeout(self.connection_timeout)
+            // r2d2 backs reconnects off up to half this; callers wait their own
+            // `connection_timeout` (`get_timeout`). So after an outage of any length the pool
+            // tries again at least twice a second, and serves within a second of the server
+            // accepting connections.
+            .connection_timeout(2 * RECONNECT_BACKOFF_CAP)
             .test_on_check_out(false)
             .build(manager)
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
@@ -608,10 +615,11 @@ impl PgStore {
                     std::io::Error::other("the store is being dropped"),
                 )
             })?;
-            // Nothing was sent yet: the call did nothing (`Error::outcome_unknown` is false).
+            // Nothing was sent yet: the call did nothing (`Error::outcome_unknown` is false). The wait
+            // is the caller's `connection_timeout`; the pool's own setting only caps its backoff.
             let mut conn = pool
                 .get_timeout(self.settings.connection_timeout)
-                .map_err(|e| Error::not_sent("getting a PostgreSQL connection", e))?;
+                .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
             let result = conn
                 .parts(&self.sql)
                 .and_then(|(client, st)| body(client, st));
@@ -664,9 +672,76 @@ struct ClaimArgs<'a> {
     digest: &'a [u8],
     version: i16,
     fingerprint: Fingerprint,
+    id: Option<ClaimId>,
+    /// `id` as the column stores it (the bits of the `u64`).
+    claim_id: Option<i64>,
 }
 
 impl PgStore {
+    /// A claim, with the caller's claim id if any.
+    fn claim_as(&self, key: &Key, fingerprint: Fingerprint, id: Option<ClaimId>) -> Result<Claim> {
+        self.check_key(key)?;
+        let args = ClaimArgs {
+            key,
+            scope: key.scope().unwrap_or(""),
+            name: key.key(),
+            digest: fingerprint.digest(),
+            version: i16::from(fingerprint.version()),
+            fingerprint,
+            id,
+            claim_id: id.map(|id| i64::from_ne_bytes(id.get().to_ne_bytes())),
+        };
+        self.with_conn(|client, st| {
+            if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
+                let key_parts = (args.scope, args.name);
+                quota::make_room(client, quota, limits, &|| self.now_param(), key_parts)?;
+            }
+            if self.settings.clock.is_none() {
+                // The statements lock the key, then read the server's clock and draw the token.
+                let claim = self.claim_rounds(client, st, &args)?;
+                return Ok(claim);
+            }
+            // An injected clock is read here, not in SQL: lock the key first, in a transaction,
+            // so that the time is read after the claim has the key to itself.
+            let mut txn = client.transaction().map_err(|e| pg("claiming a key", e))?;
+            txn.query(&st.lock, &[&args.scope, &args.name])
+                .map_err(|e| pg("claiming a key", e))?;
+            let claim = self.claim_rounds(&mut txn, st, &args)?;
+            txn.commit().map_err(|e| pg("claiming a key", e))?;
+            Ok(match self.injected_now() {
+                Some(now) => claim.unless_lapsed(Timestamp::from_millis(now)),
+                None => claim,
+            })
+        })
+    }
+
+    /// The answer of a settling call (`complete` with its response, or `release`) that
+    /// returned `done`. After an outcome-unknown error the lease is in doubt, and a retry
+    /// that finds the lease gone checks whether its own earlier call did it: the record holds
+    /// this lease's completion with the same response, or (a release) no record is left.
+    fn settle(&self, lease: &Lease, done: Result<()>, response: Option<&Response>) -> Result<()> {
+        lease.in_doubt.after(&done);
+        match done {
+            Err(Error::LeaseLost) if lease.in_doubt.get() => {
+                let (scope, name) = parts(&lease.key);
+                let now = self.now_param();
+                let record = self.with_conn(|client, st| {
+                    let row = client
+                        .query_one(&st.select, &[&now, &scope, &name])
+                        .map_err(|e| pg("reading a record", e))?;
+                    record_from(&row, 1)
+                })?;
+                let own = match (record, response) {
+                    (Some(record), Some(response)) => record.completed_by(lease.token, response),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if own { Ok(()) } else { Err(Error::LeaseLost) }
+            }
+            other => other,
+        }
+    }
+
     /// The claim's statements, started over when the record changes between them: insert a
     /// new key, else read the record and decide, else take an expired or lapsed record over.
     fn claim_rounds(
@@ -678,7 +753,7 @@ impl PgStore {
         let key = args.key;
         for _ in 0..CLAIM_ROUNDS {
             let now = self.now_param();
-            let claim_params: [&(dyn ToSql + Sync); 7] = [
+            let claim_params: [&(dyn ToSql + Sync); 8] = [
                 &now,
                 &args.scope,
                 &args.name,
@@ -686,6 +761,7 @@ impl PgStore {
                 &args.version,
                 &self.lease_ms,
                 &self.retention_ms,
+                &args.claim_id,
             ];
             // A new key: the insert wins or loses atomically on the primary key.
             let sent = Instant::now();
@@ -693,13 +769,13 @@ impl PgStore {
                 .query_opt(&st.insert, &claim_params)
                 .map_err(|e| pg("claiming a key", e))?
             {
-                let lease = Lease {
-                    key: key.clone(),
-                    token: token_col(&row, 0)?,
-                    attempt: 1,
-                    lease_until: Timestamp::from_millis(millis_col(&row, 1)?),
-                    checkpoint: None,
-                };
+                let lease = Lease::new(
+                    key.clone(),
+                    token_col(&row, 0)?,
+                    1,
+                    Timestamp::from_millis(millis_col(&row, 1)?),
+                    None,
+                );
                 return Ok(self.unless_lapsed(lease, sent));
             }
             // The key exists: decide as the redb store does, on a fresh snapshot.
@@ -710,7 +786,9 @@ impl PgStore {
             let Some(record) = record_from(&row, 1)? else {
                 continue; // released or swept since the insert: start over
             };
-            if let Verdict::Answer(answer) = verdict(Some(record), args.fingerprint, db_now) {
+            if let Verdict::Answer(answer) =
+                verdict(key, Some(record), args.fingerprint, args.id, db_now)
+            {
                 return Ok(answer);
             }
             // Expired or lapsed: take it over if it still is, re-checked on the latest row.
@@ -719,13 +797,13 @@ impl PgStore {
                 .query_opt(&st.takeover, &claim_params)
                 .map_err(|e| pg("taking a key over", e))?
             {
-                let lease = Lease {
-                    key: key.clone(),
-                    token: token_col(&row, 0)?,
-                    attempt: attempt_col(&row, 1)?,
-                    lease_until: Timestamp::from_millis(millis_col(&row, 2)?),
-                    checkpoint: col(&row, 3)?,
-                };
+                let lease = Lease::new(
+                    key.clone(),
+                    token_col(&row, 0)?,
+                    attempt_col(&row, 1)?,
+                    Timestamp::from_millis(millis_col(&row, 2)?),
+                    col(&row, 3)?,
+                );
                 return Ok(self.unless_lapsed(lease, sent));
             }
         }
@@ -756,37 +834,11 @@ impl Unmetered for PgStore {
     }
 
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
-        self.check_key(key)?;
-        let args = ClaimArgs {
-            key,
-            scope: key.scope().unwrap_or(""),
-            name: key.key(),
-            digest: fingerprint.digest(),
-            version: i16::from(fingerprint.version()),
-            fingerprint,
-        };
-        self.with_conn(|client, st| {
-            if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
-                let key_parts = (args.scope, args.name);
-                quota::make_room(client, quota, limits, &|| self.now_param(), key_parts)?;
-            }
-            if self.settings.clock.is_none() {
-                // The statements lock the key, then read the server's clock and draw the token.
-                let claim = self.claim_rounds(client, st, &args)?;
-                return Ok(claim);
-            }
-            // An injected clock is read here, not in SQL: lock the key first, in a transaction,
-            // so that the time is read after the claim has the key to itself.
-            let mut txn = client.transaction().map_err(|e| pg("claiming a key", e))?;
-            txn.query(&st.lock, &[&args.scope, &args.name])
-                .map_err(|e| pg("claiming a key", e))?;
-            let claim = self.claim_rounds(&mut txn, st, &args)?;
-            txn.commit().map_err(|e| pg("claiming a key", e))?;
-            Ok(match self.injected_now() {
-                Some(now) => claim.unless_lapsed(Timestamp::from_millis(now)),
-                None => claim,
-            })
-        })
+        self.claim_as(key, fingerprint, None)
+    }
+
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        self.claim_as(key, fingerprint, Some(id))
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
@@ -794,18 +846,18 @@ impl Unmetered for PgStore {
         let headers = postcard::to_allocvec(&response.headers)
             .map_err(|e| Error::storage("encoding response headers", e))?;
         let status = i32::from(response.status);
-        self.fenced(
+        let done = self.fenced(
             |st| &st.complete,
             lease,
             &[&status, &headers, &response.body, &self.retention_ms],
             "completing a lease",
-        )
-        .map(drop)
+        );
+        self.settle(lease, done.map(drop), Some(&response))
     }
 
     fn release(&self, lease: &Lease) -> Result<()> {
-        self.fenced(|st| &st.release, lease, &[], "releasing a lease")
-            .map(drop)
+        let done = self.fenced(|st| &st.release, lease, &[], "releasing a lease");
+        self.settle(lease, done.map(drop), None)
     }
 
     fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
@@ -973,10 +1025,10 @@ impl Sql {
             lock: format!("SELECT {}", lock_function(schema, "$1", "$2")),
             insert: format!(
                 "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
-                 token, attempt, lease_until, created_at, expires_at) \
+                 token, attempt, lease_until, created_at, expires_at, claim_id) \
                  SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
                  nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
-                 GREATEST(c.now + $7::bigint, c.now + $6::bigint) FROM c \
+                 GREATEST(c.now + $7::bigint, c.now + $6::bigint), $8::bigint FROM c \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING r.token, r.lease_until"
             ),
@@ -996,7 +1048,7 @@ impl Sql {
                  expires_at = GREATEST(CASE WHEN {takeover_fresh} THEN c.now \
                      ELSE r.created_at END + $7::bigint, c.now + $6::bigint), \
                  response_status = NULL, response_headers = NULL, response_body = NULL, \
-                 completed_at = NULL \
+                 completed_at = NULL, claim_id = $8::bigint \
                  FROM c WHERE r.scope = $2::text AND r.key = $3::text \
                  AND ({takeover_fresh} OR (r.state = 'in_progress' AND r.lease_until <= c.now \
                      AND r.fingerprint = $4::bytea AND r.fingerprint_version = $5::smallint)) \
@@ -1166,7 +1218,7 @@ impl r2d2::ManageConnection for Manager {
 // ---------------------------------------------------------------------------------------------
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 5] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 6] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -1264,6 +1316,13 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 5] {
                  hashtext(scope || chr(1) || key));'"
             ),
         ),
+        (
+            6,
+            "claim ids: a claim whose answer was lost gets its lease back (issue 30)",
+            // Nullable, no default: PostgreSQL adds it without rewriting the table. Rows of
+            // builds before this one carry NULL, which no claim id matches.
+            format!("ALTER TABLE {s}.idempotency_keys ADD COLUMN IF NOT EXISTS claim_id bigint"),
+        ),
     ]
 }
 
@@ -1358,8 +1417,20 @@ fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
 // Rows
 // ---------------------------------------------------------------------------------------------
 
+/// A failed statement as an error. An `ERROR` the server answered for the statement means it
+/// was rolled back (every call is one statement or one transaction): nothing was applied.
+/// Anything else (the connection lost, a `FATAL` from a terminated backend) may have come after
+/// the statement committed: the sync client reports a connection's `FATAL` even when the
+/// statement's success had already arrived, so the outcome is unknown.
 fn pg(context: &'static str, err: ::postgres::Error) -> Error {
-    Error::storage(context, err)
+    let rolled_back = err
+        .as_db_error()
+        .is_some_and(|db| db.parsed_severity() == Some(::postgres::error::Severity::Error));
+    if rolled_back {
+        Error::not_applied(context, err)
+    } else {
+        Error::storage(context, err)
+    }
 }
 
 fn parts(key: &Key) -> (&str, &str) {
@@ -1435,6 +1506,8 @@ fn record_from(row: &Row, at: usize) -> Result<Option<Record>> {
                     u64::try_from(v).map_err(|_| Error::corrupted("a negative lease deadline"))
                 })?,
             checkpoint: col(row, at + 6)?,
+            claim_id: col::<Option<i64>>(row, at + 13)?
+                .map(|id| u64::from_ne_bytes(id.to_ne_bytes())),
         },
         "completed" => {
             let status: i32 = col::<Option<i32>>(row, at + 7)?.ok_or_else(|| need("status"))?;
@@ -1452,6 +1525,7 @@ fn record_from(row: &Row, at: usize) -> Result<Option<Record>> {
                     headers: decode_headers(&headers)?,
                     body,
                 },
+                token: Some(token_col(row, at + 3)?),
             }
         }
         other => return Err(Error::corrupted(format!("unknown record state {other:?}"))),

@@ -6,7 +6,7 @@ use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, Lease, RecordView, Replay};
+use crate::api::outcome::{Claim, ClaimId, Lease, RecordView, Replay};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::Result;
@@ -15,6 +15,10 @@ use crate::store::Store;
 impl IdempotencyStore for Store {
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         Store::claim(self, key, fingerprint)
+    }
+
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        Store::claim_with_id(self, key, fingerprint, id)
     }
 
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {

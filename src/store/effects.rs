@@ -83,10 +83,13 @@ impl Store {
         effect: crate::engine::ops::Effect<T, E>,
     ) -> Result<std::result::Result<T, E>> {
         self.check_size(response.size())?;
+        // Never a retry: a retry that found its completion could not give the effect's value
+        // back. After an outcome-unknown error, settle with `complete` and the same response.
         let complete = Complete {
             key: lease.key.clone(),
             token: lease.token,
             response,
+            retry: false,
         };
         let ran = self.engine.write(CompleteEffects { complete, effect })?;
         let outcome = ran.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -254,8 +257,11 @@ impl Store {
             key: lease.key.clone(),
             token: lease.token,
             response,
+            retry: lease.in_doubt.get(),
         };
-        if let Err(err) = self.engine.complete_with(complete, effect)? {
+        let done = self.engine.complete_with(complete, effect);
+        lease.in_doubt.after(&done);
+        if let Err(err) = done? {
             return Ok(Err(err));
         }
         self.waiters.wake(&lease.key);

@@ -20,7 +20,7 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::{Call, Counters};
-use crate::api::outcome::{Claim, Lease, Outcome, RecordView, Replay};
+use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordView, Replay};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
 use crate::api::series;
@@ -164,7 +164,38 @@ impl Store {
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         let started = std::time::Instant::now();
         let _span = crate::api::trace::enter!("claim", "redb");
-        let result = self.claim_unmetered(key, fingerprint);
+        let result = self.claim_unmetered(key, fingerprint, None);
+        self.metrics.claimed(&result, started);
+        result
+    }
+
+    /// Like [`claim`](Store::claim), and recoverable by the same caller: the record remembers
+    /// `id`, and a claim with the same key, fingerprint and `id` that finds the record still in
+    /// progress under the lease this id won gets that lease back (same token, deadline,
+    /// attempt and checkpoint) instead of [`Claim::InProgress`]. Use it to retry a claim
+    /// that failed with [`Error::outcome_unknown`] (see
+    /// [`IdempotencyStore::claim_with_id`](crate::IdempotencyStore::claim_with_id)).
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, ClaimId, Fingerprint, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let (key, fp, id) = (Key::new("order-9")?, Fingerprint::of(["POST /orders"]), ClaimId::random());
+    /// let Claim::Acquired(won) = store.claim_with_id(&key, fp, id)? else { unreachable!() };
+    /// // Say that answer was lost: the same id gets the same lease back ...
+    /// let Claim::Acquired(again) = store.claim_with_id(&key, fp, id)? else { unreachable!() };
+    /// assert_eq!(again.token(), won.token());
+    /// // ... and any other caller hears that the key is in progress.
+    /// assert!(matches!(store.claim_with_id(&key, fp, ClaimId::random())?, Claim::InProgress { .. }));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`claim`](Store::claim).
+    pub fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        let started = std::time::Instant::now();
+        let _span = crate::api::trace::enter!("claim", "redb");
+        let result = self.claim_unmetered(key, fingerprint, Some(id));
         self.metrics.claimed(&result, started);
         result
     }
@@ -206,9 +237,15 @@ impl Store {
         }
     }
 
-    fn claim_unmetered(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+    fn claim_unmetered(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        id: Option<ClaimId>,
+    ) -> Result<Claim> {
         self.check_key(key)?;
-        if let Verdict::Answer(answer) = verdict(self.read(key)?, fingerprint, self.now()) {
+        let now = self.now();
+        if let Verdict::Answer(answer) = verdict(key, self.read(key)?, fingerprint, id, now) {
             if let Claim::Completed(replay) = &answer {
                 self.replays.insert(key, fingerprint, replay);
             }
@@ -218,6 +255,7 @@ impl Store {
             .write(ClaimKey {
                 key: key.clone(),
                 fingerprint,
+                id,
             })
             // The batch stamped the lease when it started; a batch that outlasted the lease must
             // not hand it out.
@@ -249,11 +287,14 @@ impl Store {
 
     fn complete_unmetered(&self, lease: &Lease, response: Response) -> Result<()> {
         self.check_size(response.size())?;
-        self.engine.write(Complete {
+        let done = self.engine.write(Complete {
             key: lease.key.clone(),
             token: lease.token,
             response,
-        })?;
+            retry: lease.in_doubt.get(),
+        });
+        lease.in_doubt.after(&done);
+        done?;
         self.waiters.wake(&lease.key);
         Ok(())
     }
@@ -273,10 +314,13 @@ impl Store {
     }
 
     fn release_unmetered(&self, lease: &Lease) -> Result<()> {
-        self.engine.write(Release {
+        let done = self.engine.write(Release {
             key: lease.key.clone(),
             token: lease.token,
-        })?;
+            retry: lease.in_doubt.get(),
+        });
+        lease.in_doubt.after(&done);
+        done?;
         self.waiters.wake(&lease.key);
         Ok(())
     }
