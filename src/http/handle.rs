@@ -75,6 +75,30 @@ use crate::api::outcome::Lease;
 /// turns `true`, the handler's answer is not stored (fencing), and the client gets 409 with
 /// `Retry-After: 1`: the retry gets the answer of the attempt that took over.
 ///
+/// # Waiting, and what a waiter holds
+///
+/// A duplicate that may [`wait`](HandleOptions::wait) for the attempt in flight waits in
+/// `claim_wait` on the calling thread: with a server of N threads, N duplicates waiting on a
+/// key leave none for other requests until they are answered (at most `wait` later). The
+/// holder is never starved: its handler already has its thread, and its heartbeat runs on a
+/// thread of its own. Keep `wait` short (or zero, the default: 409 at once) on a server
+/// with a small pool; the tower layer waits without a thread.
+///
+/// # An answer that cannot be stored
+///
+/// The handler ran, so its key must never run it again: an answer larger than the store's
+/// `max_response_bytes` is replaced by a stored 500 problem
+/// ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED),
+/// [`Response::not_stored`](crate::Response::not_stored)) that the client gets and every
+/// retry replays; a warning goes to `tracing` and the error to
+/// [`on_error`](HandleOptions::on_error).
+///
+/// # Store errors
+///
+/// The claim carries a fresh [`ClaimId`](crate::ClaimId); a claim, completion or release
+/// that fails with its outcome unknown is made once more (same claim id, same lease). A
+/// storage error that remains is answered 503 with `Retry-After: 1`.
+///
 /// # Panics
 ///
 /// A panic in the handler propagates out of `handle` after the heartbeat thread stopped. The

@@ -121,6 +121,8 @@
 //! be the wrong answer. Convert a response with [`to_http`] *before* storing it, and a replay
 //! can never fail this way.
 
+#[cfg(feature = "tower")]
+mod admission;
 mod canonical_json;
 mod flow;
 mod handle;
@@ -190,9 +192,19 @@ pub mod problem_type {
     /// 400: the body of an idempotent request could not be read (the tower layer).
     pub const INVALID_BODY: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#invalid-body";
+    /// 503: the store could not be reached, or the tower layer is overloaded; retry with the
+    /// same key to get the outcome.
+    pub const UNAVAILABLE: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#unavailable";
+    /// 500, stored and replayed: the request was carried out but its response could not be
+    /// stored (larger than `max_response_bytes`, or unreadable); it is not carried out again
+    /// for the key.
+    pub const NOT_STORED: &str = crate::api::response::NOT_STORED_TYPE;
 
     #[cfg(test)]
-    pub(super) const ALL: [&str; 8] = [
+    pub(super) const ALL: [&str; 10] = [
+        UNAVAILABLE,
+        NOT_STORED,
         INVALID_BODY,
         MISSING_KEY,
         INVALID_KEY,
@@ -629,6 +641,35 @@ impl Problem {
         .with_retry_after(retry_after)
     }
 
+    /// 503: the tower layer is overloaded (no slot for the claim came free in time); the
+    /// key was not touched.
+    #[must_use]
+    pub fn overloaded() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem_type::UNAVAILABLE,
+            "Service unavailable",
+            "The server is overloaded and did not carry out the request. Retry after the time \
+             in Retry-After with the same Idempotency-Key.",
+        )
+        .with_retry_after(1)
+    }
+
+    /// 503: the store could not be reached ([`Error::Storage`], made once more first if its
+    /// outcome was unknown).
+    #[must_use]
+    pub fn unavailable() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem_type::UNAVAILABLE,
+            "Service unavailable",
+            "The server could not reach its store; the request may or may not have been \
+             carried out. Retry after the time in Retry-After with the same Idempotency-Key to \
+             get its outcome.",
+        )
+        .with_retry_after(1)
+    }
+
     /// 500: the server failed. The detail says nothing about the server's internals.
     #[must_use]
     pub fn internal() -> Self {
@@ -648,6 +689,7 @@ impl Problem {
     /// | [`Error::InvalidKey`] (e.g. longer than the store's `max_key_len`) | 400, [`invalid_key`](Problem::invalid_key) |
     /// | [`Error::QuotaExceeded`] | 503, `Retry-After:` [`QUOTA_RETRY_AFTER_SECS`] |
     /// | [`Error::LeaseLost`] (a retry took the key over) | 409, `Retry-After: 1` |
+    /// | [`Error::Storage`] (the store could not be reached) | 503, `Retry-After: 1`, [`unavailable`](Problem::unavailable) |
     /// | anything else | 500, [`internal`](Problem::internal) (log the error yourself) |
     #[must_use]
     pub fn from_error(err: &Error) -> Self {
@@ -662,6 +704,7 @@ impl Problem {
                  to get its answer.",
             )
             .with_retry_after(1),
+            Error::Storage { .. } => Problem::unavailable(),
             _ => Problem::internal(),
         }
     }

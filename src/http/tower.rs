@@ -30,8 +30,38 @@
 //!   claim itself (BENCHMARKS.md). Everything else about the answer is as for a claim.
 //! - The inner service's [`LeaseWatch`] is in the request's extensions; the heartbeat is a
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
-//! - The response body is read whole before it is stored (a body that fails to stream gives
-//!   the client a 500 and leaves the key to its lease, like a panicking handler).
+//! - The response body is read whole before it is stored. A body that fails to stream, like
+//!   one larger than the store's `max_response_bytes`, is replaced by a stored 500
+//!   ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that every retry
+//!   replays: the inner service ran, so it must not run again for the key. A warning goes
+//!   to `tracing` (feature `tracing`) and the error to [`on_error`](HandleOptions::on_error).
+//!
+//! # Waiting and overload
+//!
+//! Nothing a request waits for holds a blocking thread, so a flood of duplicates cannot
+//! starve the holder of the key (its heartbeat would queue behind them, its lease lapse
+//! while it is alive, and a duplicate run the inner service again):
+//!
+//! - A duplicate that may [`wait`](HandleOptions::wait) for the attempt in flight waits on
+//!   the runtime's timer. It is woken when this layer's holder of the key settles (it then
+//!   takes the replay from memory where the store keeps one), or claims again with a
+//!   backoff (10 ms doubling to 250 ms) when another process holds the key; never past the
+//!   holder's lease or its own `wait`, then 409 as usual.
+//! - Claims go to the blocking pool through [`max_blocking`](IdempotencyLayer::max_blocking)
+//!   slots (default [`DEFAULT_MAX_BLOCKING`]). A request waits for a slot without a thread,
+//!   up to [`queue_timeout`](IdempotencyLayer::queue_timeout) (default
+//!   [`DEFAULT_QUEUE_TIMEOUT`]), and is then answered 503 with `Retry-After: 1` (409 if it
+//!   was waiting for an attempt in flight), without touching the key.
+//! - A holder's heartbeat, completion and release need no slot: they wait at most behind
+//!   the claims in the slots, which are short.
+//!
+//! # Store errors
+//!
+//! The claim carries a fresh [`ClaimId`](crate::ClaimId) per request. A claim, completion or
+//! release that fails with its outcome unknown ([`Error::outcome_unknown`](crate::Error::outcome_unknown),
+//! e.g. `PgStore`'s connection lost mid-statement) is made once more (same claim id, same
+//! lease), which settles what the first one did; if that fails too, the client gets 503 with
+//! `Retry-After: 1`.
 //!
 //! # When the client goes away
 //!
@@ -55,19 +85,22 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::oneshot;
 
+use super::admission::Admission;
+pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
 use super::flow::{self, Decided, Screen, Ticket};
 use super::heartbeat::{self, LeaseWatch};
 use super::options::{BoxError, HandleOptions};
 use super::view::RequestView;
 use super::{Problem, problem_type};
 use crate::api::backend::IdempotencyStore;
-use crate::api::outcome::Lease;
+use crate::api::outcome::{Claim, Lease};
 
 /// A [`tower::Layer`] that makes the services it wraps idempotent; see the module docs.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     store: Arc<dyn IdempotencyStore>,
     options: Arc<HandleOptions>,
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -91,7 +124,30 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             store,
             options: Arc::new(options),
+            admission: Arc::new(Admission::new(DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT)),
         }
+    }
+
+    /// At most `claims` of this layer's claims on tokio's blocking pool at once (default
+    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
+    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512)
+    /// less what the rest of the application runs there, so that a holder's heartbeat and
+    /// completion, which need no slot, always find a thread soon.
+    #[must_use]
+    pub fn max_blocking(mut self, claims: usize) -> Self {
+        self.admission = Arc::new(Admission::new(claims, self.admission.queue_timeout));
+        self
+    }
+
+    /// How long a request waits for a slot ([`max_blocking`](IdempotencyLayer::max_blocking))
+    /// before the layer answers that it is overloaded (default [`DEFAULT_QUEUE_TIMEOUT`]): 503
+    /// with `Retry-After: 1`, or 409 for a duplicate that was already waiting for the
+    /// attempt in flight. The handler does not run and the key is not touched.
+    #[must_use]
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
+        let claims = self.admission.max_blocking;
+        self.admission = Arc::new(Admission::new(claims, timeout));
+        self
     }
 }
 
@@ -103,6 +159,7 @@ impl<S> tower::Layer<S> for IdempotencyLayer {
             inner,
             store: Arc::clone(&self.store),
             options: Arc::clone(&self.options),
+            admission: Arc::clone(&self.admission),
         }
     }
 }
@@ -113,6 +170,7 @@ pub struct IdempotencyService<S> {
     inner: S,
     store: Arc<dyn IdempotencyStore>,
     options: Arc<HandleOptions>,
+    admission: Arc<Admission>,
 }
 
 impl<S> std::fmt::Debug for IdempotencyService<S> {
@@ -152,6 +210,7 @@ where
         let flow = Flow {
             store: Arc::clone(&self.store),
             options: Arc::clone(&self.options),
+            admission: Arc::clone(&self.admission),
         };
         Box::pin(flow.run(inner, request))
     }
@@ -163,10 +222,19 @@ enum Claimed {
     Answer(Answer),
 }
 
+/// One claim's result: [`Claimed`], or the key is in flight and the request may wait up to
+/// this long (the holder's lease, bounded by the request's own deadline) before it claims
+/// again.
+enum Step {
+    Done(Claimed),
+    Wait(Ticket, Duration),
+}
+
 /// One request's share of the layer.
 struct Flow {
     store: Arc<dyn IdempotencyStore>,
     options: Arc<HandleOptions>,
+    admission: Arc<Admission>,
 }
 
 impl Flow {
@@ -204,6 +272,9 @@ impl Flow {
             Claimed::Run(ticket, lease, period) => (ticket, lease, period),
             Claimed::Answer(answer) => return Ok(into_body(answer)),
         };
+        // Until this drops (after the settling call, or with this future), duplicates wait
+        // for it on the timer.
+        let _holding = self.admission.hold(lease.key(), lease.token());
         let watch = LeaseWatch::new(&lease);
         request.extensions_mut().insert(watch.clone());
         // Dropped with this future (or after the handler): the heartbeat task then stops.
@@ -211,39 +282,70 @@ impl Flow {
         let started = Instant::now();
         let response = inner.call(request.map(ReqBody::from)).await?;
         let (parts, body) = response.into_parts();
-        let body = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(err) => {
-                options.report(&*err.into());
-                return Ok(into_body(Problem::internal().to_http()));
+        let collected = body.collect().await.map(|c| c.to_bytes()).map_err(|err| {
+            let err: BoxError = err.into();
+            self.options.report(&*err);
+        });
+        let answer = match collected {
+            Ok(body) => {
+                let response = Response::from_parts(parts, body.to_vec());
+                self.blocking(move |store, options| {
+                    flow::settle(store, options, &ticket, &lease, response, started)
+                })
+                .await
+            }
+            // The handler ran: its answer is lost, so a substitute keeps it from running again.
+            Err(()) => {
+                self.blocking(move |store, options| {
+                    let why = "its response body failed while it was read";
+                    flow::substitute(store, options, &lease, why, &::http::Extensions::new())
+                })
+                .await
             }
         };
-        let response = Response::from_parts(parts, body.to_vec());
-        let answer = self
-            .blocking(move |store, options| {
-                flow::settle(store, options, &ticket, &lease, response, started)
-            })
-            .await;
         Ok(into_body(
             answer.unwrap_or_else(|| Problem::internal().to_http()),
         ))
     }
 
-    /// Claims and decides on the blocking pool.
-    async fn claim(&self, ticket: Ticket) -> Claimed {
-        let claimed = self
-            .blocking(move |store, options| {
-                let claim = flow::claim(store, options, &ticket);
-                match flow::decide(store, options, &ticket, claim) {
-                    Decided::Run(lease) => {
-                        let period = flow::heartbeat_period(store, options, &lease);
-                        Claimed::Run(ticket, lease, period)
-                    }
-                    Decided::Answer(answer) => Claimed::Answer(answer),
+    /// Claims, waiting for an attempt in flight up to the options' `wait`: on the timer,
+    /// woken when this layer's holder of the key settles, or re-claiming with a backoff
+    /// when another process holds it. Each claim needs a slot; none holds one while it waits.
+    async fn claim(&self, mut ticket: Ticket) -> Claimed {
+        let deadline = Instant::now() + self.options.wait;
+        let mut pause = FIRST_PAUSE;
+        let mut waiting = false;
+        loop {
+            if waiting
+                && let Some(answer) = flow::cached_replay(&*self.store, &self.options, &ticket)
+            {
+                return Claimed::Answer(answer);
+            }
+            let Some(slot) = self.admission.slot().await else {
+                return Claimed::Answer(overloaded(waiting));
+            };
+            let step = self
+                .blocking(move |store, options| claim_step(store, options, ticket, deadline))
+                .await;
+            drop(slot);
+            let (back, left) = match step {
+                Some(Step::Done(claimed)) => return claimed,
+                Some(Step::Wait(back, left)) => (back, left),
+                None => return Claimed::Answer(Problem::internal().to_http()),
+            };
+            ticket = back;
+            waiting = true;
+            match self.admission.watch(&ticket.key) {
+                // Woken when the holder lets go, or when its lease may have lapsed.
+                Some(mut settled) => {
+                    let _ = tokio::time::timeout(left, settled.changed()).await;
                 }
-            })
-            .await;
-        claimed.unwrap_or_else(|| Claimed::Answer(Problem::internal().to_http()))
+                None => {
+                    tokio::time::sleep(pause.min(left)).await;
+                    pause = (pause * 2).min(LAST_PAUSE);
+                }
+            }
+        }
     }
 
     /// Starts the heartbeat task; it runs until the returned sender is dropped or the lease is
@@ -286,6 +388,52 @@ impl Flow {
             }
         }
     }
+}
+
+/// The first pause before a waiter claims again a key that another process holds; it
+/// doubles up to [`LAST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const LAST_PAUSE: Duration = Duration::from_millis(250);
+
+/// One claim on the blocking pool: the decision, or how long to wait before claiming again.
+fn claim_step(
+    store: &dyn IdempotencyStore,
+    options: &HandleOptions,
+    ticket: Ticket,
+    deadline: Instant,
+) -> Step {
+    let claim = flow::claim_now(store, &ticket);
+    if let Ok(Claim::InProgress { lease_until, .. }) = &claim {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !left.is_zero() {
+            let lease_left = lease_until.saturating_duration_since(flow::now(store));
+            return Step::Wait(ticket, left.min(lease_left.max(FIRST_PAUSE)));
+        }
+    }
+    Step::Done(match flow::decide(store, options, &ticket, claim) {
+        Decided::Run(lease) => {
+            let period = flow::heartbeat_period(store, options, &lease);
+            Claimed::Run(ticket, lease, period)
+        }
+        Decided::Answer(answer) => Claimed::Answer(answer),
+    })
+}
+
+/// The answer when no slot came free in time: 409 for a duplicate that was waiting for the
+/// attempt in flight (it is still in flight), else 503.
+fn overloaded(waiting: bool) -> Answer {
+    if waiting {
+        return Problem::new(
+            StatusCode::CONFLICT,
+            problem_type::IN_PROGRESS,
+            "Request in progress",
+            "A request with this Idempotency-Key is still being processed. Retry after the \
+             time in Retry-After to get its answer.",
+        )
+        .with_retry_after(1)
+        .to_http();
+    }
+    Problem::overloaded().to_http()
 }
 
 /// 413 for a body over the limit, 400 for one that could not be read.
