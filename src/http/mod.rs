@@ -1018,7 +1018,8 @@ mod tests {
 
         let disk = Error::storage("committing", std::io::Error::other("disk on fire"));
         let disk = Problem::from_error(&disk).to_http();
-        assert_problem(&disk, 500, problem_type::INTERNAL);
+        assert_problem(&disk, 503, problem_type::UNAVAILABLE);
+        assert_eq!(retry_after(&disk), Some("1"));
         assert!(!String::from_utf8_lossy(disk.body()).contains("disk on fire"));
         let damaged = Problem::from_error(&Error::corrupted("bad record")).to_http();
         assert_problem(&damaged, 500, problem_type::INTERNAL);
