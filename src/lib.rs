@@ -131,6 +131,9 @@
 )]
 
 mod api;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod engine;
 mod error;
 #[cfg(feature = "http")]

@@ -361,6 +361,7 @@ mod tests {
                         key: Key::new("k").expect("key"),
                         fingerprint: Fingerprint::of(["r"]),
                         id: None,
+                        seed: None,
                     },
                     Arc::default(),
                 ),

@@ -35,6 +35,9 @@ pub(crate) struct ClaimKey {
     pub key: Key,
     pub fingerprint: Fingerprint,
     pub id: Option<ClaimId>,
+    /// The recovery point a fresh record starts with (`Store::claim_seeded`); a takeover
+    /// keeps the record's own.
+    pub seed: Option<Vec<u8>>,
 }
 
 /// `Store::complete`.
@@ -91,6 +94,7 @@ impl Write for ClaimKey {
             key,
             fingerprint,
             id,
+            seed,
         } = self;
         let existing = tables.get(&key)?;
         let old_expires_at = existing.as_ref().map(|r| r.expires_at);
@@ -100,7 +104,10 @@ impl Write for ClaimKey {
                 if old_expires_at.is_none() {
                     A::make_room(tables, ctx.now)?;
                 }
-                Attempt::first(ctx.now)
+                Attempt {
+                    checkpoint: seed,
+                    ..Attempt::first(ctx.now)
+                }
             }
             Verdict::Takeover(old) => old.takeover(),
         };

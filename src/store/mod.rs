@@ -164,7 +164,7 @@ impl Store {
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
         let started = std::time::Instant::now();
         let _span = crate::api::trace::enter!("claim", "redb");
-        let result = self.claim_unmetered(key, fingerprint, None);
+        let result = self.claim_unmetered(key, fingerprint, None, None);
         self.metrics.claimed(&result, started);
         result
     }
@@ -195,7 +195,43 @@ impl Store {
     pub fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
         let started = std::time::Instant::now();
         let _span = crate::api::trace::enter!("claim", "redb");
-        let result = self.claim_unmetered(key, fingerprint, Some(id));
+        let result = self.claim_unmetered(key, fingerprint, Some(id), None);
+        self.metrics.claimed(&result, started);
+        result
+    }
+
+    /// Like [`claim_with_id`](Store::claim_with_id), and a fresh record starts with `seed` as
+    /// its recovery point, in the claim's own commit: as if [`checkpoint`](Store::checkpoint)
+    /// had been called at once, without a second durable write. A recovered or taken-over
+    /// lease carries the record's own checkpoint instead (`seed` is then unused). The
+    /// outbound-key client (feature `client`) stores a new intent's key this way.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, ClaimId, Fingerprint, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let (key, fp, id) = (Key::new("job-1")?, Fingerprint::of(["job"]), ClaimId::new(7));
+    /// let Claim::Acquired(lease) = store.claim_seeded(&key, fp, id, b"plan A".to_vec())? else { unreachable!() };
+    /// assert_eq!(lease.checkpoint(), Some(&b"plan A"[..]));
+    /// let Claim::Acquired(again) = store.claim_seeded(&key, fp, id, b"plan B".to_vec())? else { unreachable!() };
+    /// assert_eq!(again.checkpoint(), Some(&b"plan A"[..])); // the record's, not the new seed
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`claim`](Store::claim); [`Error::ResponseTooLarge`] if `seed` is larger than
+    /// `max_response_bytes` (nothing written).
+    pub fn claim_seeded(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        id: ClaimId,
+        seed: Vec<u8>,
+    ) -> Result<Claim> {
+        self.check_size(seed.len())?;
+        let started = std::time::Instant::now();
+        let _span = crate::api::trace::enter!("claim", "redb");
+        let result = self.claim_unmetered(key, fingerprint, Some(id), Some(seed));
         self.metrics.claimed(&result, started);
         result
     }
@@ -242,6 +278,7 @@ impl Store {
         key: &Key,
         fingerprint: Fingerprint,
         id: Option<ClaimId>,
+        seed: Option<Vec<u8>>,
     ) -> Result<Claim> {
         self.check_key(key)?;
         let now = self.now();
@@ -256,6 +293,7 @@ impl Store {
                 key: key.clone(),
                 fingerprint,
                 id,
+                seed,
             })
             // The batch stamped the lease when it started; a batch that outlasted the lease must
             // not hand it out.
