@@ -325,7 +325,7 @@ fn lost_connections_and_restarts_lose_nothing_and_recover_fast() {
     }
     // 0 lost acknowledgements: every acknowledged body is what the key replays.
     for (name, acked) in &ledger.acked {
-        let key = Key::new(&name).expect("key");
+        let key = Key::new(name).expect("key");
         let view = shared
             .store
             .lookup(&key)
