@@ -4,7 +4,9 @@
 
 use ::postgres::Row;
 
-use super::{PgStore, RECORD_COLUMNS, after_lock, col, key_lock, parts, pg, record_from};
+use super::PgStore;
+use super::rows::{col, parts, pg, record_from};
+use super::sql::{RECORD_COLUMNS, after_lock, key_lock};
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::outcome::{ForceRelease, RecordState, RecordView};

@@ -3,7 +3,8 @@
 
 use ::postgres::{IsolationLevel, Transaction};
 
-use super::{PgStore, parts, pg, token_param};
+use super::PgStore;
+use super::rows::{parts, pg, token_param};
 use crate::api::outcome::Lease;
 use crate::api::response::Response;
 use crate::error::{Error, Result};

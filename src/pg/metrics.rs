@@ -1,4 +1,4 @@
-//! `PgStore`'s calls, counted: the store's calls run unmetered in `mod.rs`, and the
+//! `PgStore`'s calls, counted: the store's calls run unmetered in `calls.rs`, and the
 //! [`IdempotencyStore`] implementation here counts each outcome and time around them, under the
 //! same names as the redb store's.
 
@@ -16,7 +16,7 @@ use crate::api::trace;
 use crate::error::Result;
 use crate::pg::PgStore;
 
-/// The store's calls as `mod.rs` implements them, before counting.
+/// The store's calls as `calls.rs` implements them, before counting.
 pub(crate) trait Unmetered {
     fn now(&self) -> Result<Timestamp>;
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim>;

@@ -11,7 +11,8 @@
 use ::postgres::types::ToSql;
 use ::postgres::{Client, Statement, Transaction};
 
-use super::{NOW, col, pg, try_key_lock};
+use super::rows::{col, pg};
+use super::sql::{NOW, try_key_lock};
 use crate::api::settings::WhenFull;
 use crate::error::{Error, Result};
 

@@ -1,0 +1,311 @@
+//! [`PgStoreBuilder`]: a [`PgStore`]'s settings, their checks, and connecting (migrating the
+//! schema on a connection of its own, then opening the pool).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use r2d2_postgres::PostgresConnectionManager;
+
+use super::conn::Manager;
+use super::migrations::migrate;
+use super::rows::{capped, pg};
+use super::sql::Sql;
+use super::{MAX_DURATION_MS, PgStore, blocking, quota, tls};
+use crate::api::clock::{Clock, millis};
+use crate::api::metrics::Counters;
+use crate::api::series;
+use crate::api::settings::{Settings, WhenFull, invalid_config};
+use crate::error::{Error, Result};
+
+/// The longest pause between the pool's attempts to reconnect to a server that is down.
+const RECONNECT_BACKOFF_CAP: Duration = Duration::from_millis(500);
+
+/// Settings for connecting a [`PgStore`]. Every setter states its default; the shared ones
+/// are one [`Settings`] type with the redb [`StoreBuilder`](crate::StoreBuilder)'s.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[derive(Clone)]
+pub struct PgStoreBuilder {
+    pub(super) shared: Settings,
+    pub(super) pool_size: u32,
+    pub(super) connection_timeout: Duration,
+    pub(super) schema: String,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    pub(super) max_records: Option<u64>,
+    pub(super) max_bytes: Option<u64>,
+    pub(super) when_full: WhenFull,
+    pub(super) per_scope_quotas: bool,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            shared: Settings::default(),
+            pool_size: 10,
+            connection_timeout: Duration::from_secs(30),
+            schema: "public".to_owned(),
+            clock: None,
+            max_records: None,
+            max_bytes: None,
+            when_full: WhenFull::Refuse,
+            per_scope_quotas: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for PgStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStoreBuilder")
+            .field("shared", &self.shared)
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("schema", &self.schema)
+            .field("injected_clock", &self.clock.is_some())
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .field("when_full", &self.when_full)
+            .field("per_scope_quotas", &self.per_scope_quotas)
+            .finish()
+    }
+}
+
+impl PgStoreBuilder {
+    /// A builder with every setting at its default.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`Settings::retention`]: how long a completed record replays. Defaults to 24 hours.
+    pub fn retention(&mut self, retention: Duration) -> &mut Self {
+        self.shared.retention = retention;
+        self
+    }
+
+    /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
+    /// it over. Defaults to 60 seconds.
+    pub fn lease(&mut self, lease: Duration) -> &mut Self {
+        self.shared.lease = lease;
+        self
+    }
+
+    /// Sets [`Settings::max_key_len`]: the longest key accepted, in bytes, at most 255.
+    /// Defaults to 255.
+    pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
+        self.shared.max_key_len = bytes;
+        self
+    }
+
+    /// Sets [`Settings::max_response_bytes`]: the largest response or recovery point accepted.
+    /// Defaults to 1 MiB.
+    pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.shared.max_response_bytes = bytes;
+        self
+    }
+
+    /// The most connections the store keeps open. Calls beyond it wait for a free connection
+    /// (up to [`connection_timeout`](PgStoreBuilder::connection_timeout)). Mind the server's
+    /// `max_connections` (100 by default) across all instances. Defaults to 10.
+    pub fn pool_size(&mut self, connections: u32) -> &mut Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// How long connecting, or waiting for a free pooled connection, may take before the call
+    /// fails with [`Error::Storage`]. Defaults to 30 seconds.
+    pub fn connection_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// The PostgreSQL schema holding the store's table, sequence and migrations table: a
+    /// lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes). Created if missing.
+    /// Defaults to `public`.
+    pub fn schema(&mut self, schema: impl Into<String>) -> &mut Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// A time source replacing the database server's clock, for tests (for example a
+    /// [`ManualClock`](crate::ManualClock)). In production leave it unset: with the server's
+    /// clock, instances with skewed clocks still agree on when leases lapse.
+    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The most records the table holds (any state, expired ones included until swept), or
+    /// with [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. A claim of a new
+    /// key beyond it first deletes expired records, then follows
+    /// [`when_full`](PgStoreBuilder::when_full), failing with [`Error::QuotaExceeded`] as the
+    /// redb store does. Defaults to no limit.
+    ///
+    /// The first store connecting with a quota turns usage counting on for its schema: a
+    /// trigger keeps per-scope counters (sharded, so that concurrent writers rarely wait on
+    /// one row) in `idempotency_usage`, and every writer of the schema maintains them from
+    /// then on, whatever its own settings. The check is made before the claim, not under a
+    /// lock: instances claiming new keys at the same moment can pass the limit by up to the
+    /// number of such claims in flight.
+    pub fn max_records(&mut self, records: u64) -> &mut Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// The most bytes of keys, scopes, fingerprints, checkpoints and responses (not counting
+    /// PostgreSQL's own overhead), in the table or with
+    /// [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. Checked when a new
+    /// key is claimed, as [`max_records`](PgStoreBuilder::max_records) is; completions are
+    /// never refused. Defaults to no limit.
+    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// What a claim of a new key does when a quota is reached. Defaults to
+    /// [`WhenFull::Refuse`].
+    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
+        self.when_full = policy;
+        self
+    }
+
+    /// Whether `max_records` and `max_bytes` apply to each scope (tenant) on its own, rather
+    /// than to the whole table; eviction then takes only the full scope's records. Defaults
+    /// to `false`.
+    pub fn per_scope_quotas(&mut self, per_scope: bool) -> &mut Self {
+        self.per_scope_quotas = per_scope;
+        self
+    }
+
+    fn limits(&self) -> Option<quota::Limits> {
+        (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            when_full: self.when_full,
+            per_scope: self.per_scope_quotas,
+        })
+    }
+
+    /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
+    /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates the schema (idempotently, under an advisory
+    /// lock, so that instances starting together do not race) and opens the connection pool.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an out-of-range setting, an unparsable `url` or an
+    /// unreadable `sslrootcert`; [`Error::Storage`] if the server cannot be reached, the TLS
+    /// handshake or certificate check fails (the message names the `sslmode`) or the migration
+    /// fails;
+    /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
+    /// not create, or was migrated by a newer version of this crate.
+    pub fn connect(&self, url: &str) -> Result<PgStore> {
+        blocking::off_runtime(|| self.connect_here(url))
+    }
+
+    fn connect_here(&self, url: &str) -> Result<PgStore> {
+        self.validate()?;
+        let tls::Connection {
+            mut config,
+            tls,
+            mode,
+        } = tls::parse(url)?;
+        config.connect_timeout(self.connection_timeout);
+        let manager = Manager {
+            inner: PostgresConnectionManager::new(config, tls),
+        };
+        let limits = self.limits();
+        let sql = Arc::new(Sql::new(&self.schema, limits.is_some()));
+        {
+            // A connection of its own, so that a wrong address, password or certificate fails
+            // at once with the server's answer rather than after the pool's timeout.
+            let mut client = r2d2::ManageConnection::connect(&manager.inner)
+                .map_err(|e| pg(mode.context(), e))?;
+            migrate(&mut client, &self.schema, limits.is_some())?;
+        }
+        let pool = r2d2::Pool::builder()
+            .max_size(self.pool_size)
+            .min_idle(Some(0))
+            // r2d2 backs reconnects off up to half this; callers wait their own
+            // `connection_timeout` (`get_timeout`). So after an outage of any length the pool
+            // tries again at least twice a second, and serves within a second of the server
+            // accepting connections.
+            .connection_timeout(2 * RECONNECT_BACKOFF_CAP)
+            .test_on_check_out(false)
+            .build(manager)
+            .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
+        Ok(PgStore {
+            pool: Some(pool),
+            sql,
+            lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
+            retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
+            settings: self.clone(),
+            high_water: AtomicU64::new(0),
+            limits,
+            metrics: Counters::new(&series::POSTGRES, self.shared.trace_keys),
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.shared.validate()?;
+        if self.pool_size == 0 {
+            return invalid_config("pool_size must be at least 1");
+        }
+        if self.connection_timeout.is_zero() {
+            return invalid_config("connection_timeout must be longer than zero");
+        }
+        let schema = self.schema.as_bytes();
+        let valid = (1..=63).contains(&schema.len())
+            && schema
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
+            && !schema[0].is_ascii_digit();
+        if !valid {
+            return invalid_config(
+                "schema must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, 1 to 63 bytes)",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl PgStore {
+    /// A builder for a store with custom settings.
+    #[must_use]
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::new()
+    }
+
+    /// Connects with default settings; see [`PgStoreBuilder::connect`].
+    ///
+    /// # Errors
+    /// As for [`PgStoreBuilder::connect`].
+    pub fn connect(url: &str) -> Result<PgStore> {
+        PgStoreBuilder::new().connect(url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_validated() {
+        for bad in ["", "Public", "1abc", "a-b", "a\"b", &"a".repeat(64)] {
+            let mut builder = PgStore::builder();
+            builder.schema(bad);
+            assert!(
+                matches!(builder.validate(), Err(Error::InvalidConfig { .. })),
+                "{bad:?}"
+            );
+        }
+        let mut builder = PgStore::builder();
+        builder.schema("idem_2026");
+        assert!(builder.validate().is_ok());
+    }
+
+    #[test]
+    fn a_bad_url_is_a_configuration_error() {
+        assert!(matches!(
+            PgStore::connect("postgresql://[::1"),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+}

@@ -1,0 +1,247 @@
+//! The store's calls, unmetered (`metrics.rs` counts them): the [`IdempotencyStore`]
+//! operations, with the fenced writes and the settlement check of `complete` and `release`.
+
+use ::postgres::types::ToSql;
+use ::postgres::{IsolationLevel, Row, Statement};
+
+use super::conn::Statements;
+use super::metrics::Unmetered;
+use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
+use super::{PgStore, quota};
+#[cfg(doc)]
+use crate::api::backend::IdempotencyStore;
+use crate::api::backend::SWEEP_BATCH;
+use crate::api::clock::Timestamp;
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::outcome::{Claim, ClaimId, Lease, RecordView};
+use crate::api::record::Record;
+use crate::api::report::{Stats, VerifyReport};
+use crate::api::response::Response;
+use crate::error::{Error, Result};
+
+/// Records one sweep statement deletes at most ([`SWEEP_BATCH`]): it holds one advisory lock
+/// per record until it commits, and PostgreSQL's lock table is shared by all sessions (by
+/// default 64 locks per connection slot), claims included.
+const SWEEP_STATEMENT: usize = SWEEP_BATCH;
+
+/// Rows fetched per round trip by `verify`.
+const VERIFY_BATCH: i32 = 1000;
+
+impl PgStore {
+    /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and
+    /// returns its rows; none means the lease is lost.
+    fn fenced(
+        &self,
+        pick: fn(&Statements) -> &Statement,
+        lease: &Lease,
+        extra: &[&(dyn ToSql + Sync)],
+        context: &'static str,
+    ) -> Result<Vec<Row>> {
+        let now = self.now_param();
+        let token = token_param(lease.token)?;
+        let (scope, name) = parts(&lease.key);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&now, &scope, &name, &token];
+        params.extend_from_slice(extra);
+        self.with_conn(|client, st| {
+            let rows = client
+                .query(pick(st), &params)
+                .map_err(|e| pg(context, e))?;
+            if rows.is_empty() {
+                return Err(Error::LeaseLost);
+            }
+            Ok(rows)
+        })
+    }
+
+    /// The answer of a settling call (`complete` with its response, or `release`) that
+    /// returned `done`. After an outcome-unknown error the lease is in doubt, and a retry
+    /// that finds the lease gone checks whether its own earlier call did it: the record holds
+    /// this lease's completion with the same response, or (a release) no record is left.
+    pub(super) fn settle(
+        &self,
+        lease: &Lease,
+        done: Result<()>,
+        response: Option<&Response>,
+    ) -> Result<()> {
+        lease.in_doubt.after(&done);
+        match done {
+            Err(Error::LeaseLost) if lease.in_doubt.get() => {
+                let (scope, name) = parts(&lease.key);
+                let now = self.now_param();
+                let record = self.with_conn(|client, st| {
+                    let row = client
+                        .query_one(&st.select, &[&now, &scope, &name])
+                        .map_err(|e| pg("reading a record", e))?;
+                    record_from(&row, 1)
+                })?;
+                let own = match (record, response) {
+                    (Some(record), Some(response)) => record.completed_by(lease.token, response),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if own { Ok(()) } else { Err(Error::LeaseLost) }
+            }
+            other => other,
+        }
+    }
+}
+
+impl Unmetered for PgStore {
+    fn now(&self) -> Result<Timestamp> {
+        PgStore::now(self)
+    }
+
+    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+        self.claim_as(key, fingerprint, None)
+    }
+
+    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
+        self.claim_as(key, fingerprint, Some(id))
+    }
+
+    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
+        self.check_size(response.size())?;
+        let headers = postcard::to_allocvec(&response.headers)
+            .map_err(|e| Error::storage("encoding response headers", e))?;
+        let status = i32::from(response.status);
+        let done = self.fenced(
+            |st| &st.complete,
+            lease,
+            &[&status, &headers, &response.body, &self.retention_ms],
+            "completing a lease",
+        );
+        self.settle(lease, done.map(drop), Some(&response))
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        let done = self.fenced(|st| &st.release, lease, &[], "releasing a lease");
+        self.settle(lease, done.map(drop), None)
+    }
+
+    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
+        let rows = self.fenced(
+            |st| &st.heartbeat,
+            lease,
+            &[&self.lease_ms],
+            "extending a lease",
+        )?;
+        let until = match rows.first() {
+            Some(row) => Timestamp::from_millis(millis_col(row, 0)?),
+            None => return Err(Error::LeaseLost),
+        };
+        lease.lease_until = until;
+        Ok(until)
+    }
+
+    fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
+        self.check_size(data.len())?;
+        self.fenced(|st| &st.checkpoint, lease, &[&data], "storing a checkpoint")?;
+        lease.checkpoint = Some(data);
+        Ok(())
+    }
+
+    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.check_key(key)?;
+        let (scope, name) = parts(key);
+        let now = self.now_param();
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.select, &[&now, &scope, &name])
+                .map_err(|e| pg("reading a record", e))?;
+            let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
+            Ok(record_from(&row, 1)?
+                .filter(|r| !r.is_expired(db_now))
+                .map(Record::into_view))
+        })
+    }
+
+    fn sweep(&self, limit: usize) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        self.with_conn(|client, st| {
+            let mut deleted = 0;
+            while deleted < limit {
+                let chunk = (limit - deleted).min(SWEEP_STATEMENT);
+                let now = self.now_param();
+                let row = client
+                    .query_one(
+                        &st.sweep,
+                        &[&now, &i64::try_from(chunk).unwrap_or(i64::MAX)],
+                    )
+                    .map_err(|e| pg("sweeping expired records", e))?;
+                let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
+                let (gone, candidates) = (count(0)?, count(1)?);
+                deleted += gone;
+                // Fewer candidates: none left. None deleted: every one is being claimed.
+                if candidates < chunk || gone == 0 {
+                    break;
+                }
+            }
+            Ok(deleted)
+        })
+    }
+
+    fn verify(&self) -> Result<VerifyReport> {
+        self.with_conn(|client, st| {
+            let mut txn = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .map_err(|e| pg("verifying", e))?;
+            let portal = txn.bind(&st.verify, &[]).map_err(|e| pg("verifying", e))?;
+            let mut report = VerifyReport::default();
+            let mut max_token = 0u64;
+            loop {
+                let rows = txn
+                    .query_portal(&portal, VERIFY_BATCH)
+                    .map_err(|e| pg("verifying", e))?;
+                for row in &rows {
+                    report.records += 1;
+                    check_row(row, &mut report.problems, &mut max_token)?;
+                }
+                if rows.len() < usize::try_from(VERIFY_BATCH).unwrap_or(usize::MAX) {
+                    break;
+                }
+            }
+            // Read after the walk: sequences are not transactional, so this is at least as high as
+            // any token the snapshot holds.
+            let row = txn
+                .query_one(&st.sequence, &[])
+                .map_err(|e| pg("verifying", e))?;
+            let (last, called): (i64, bool) = (col(&row, 0)?, col(&row, 1)?);
+            let issued = if called { last } else { last - 1 };
+            if i128::from(max_token) > i128::from(issued) {
+                report.problems.push(format!(
+                    "a record holds token {max_token}, above the last token issued ({issued})"
+                ));
+            }
+            if let Some(quota) = &st.quota {
+                quota::check_usage(&mut txn, quota, &mut report.problems)?;
+            }
+            txn.commit().map_err(|e| pg("verifying", e))?;
+            report.expiry_entries = report.records;
+            Ok(report)
+        })
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        let now = self.now_param();
+        self.with_conn(|client, st| {
+            let row = client
+                .query_one(&st.stats, &[&now])
+                .map_err(|e| pg("counting records", e))?;
+            let count =
+                |i| -> Result<u64> { u64::try_from(col::<i64>(&row, i)?).map_err(bad_count) };
+            Ok(Stats {
+                in_progress: count(0)?,
+                stuck: count(1)?,
+                completed: count(2)?,
+                expired: count(3)?,
+                file_bytes: Some(count(4)?),
+            })
+        })
+    }
+}

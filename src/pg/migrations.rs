@@ -1,0 +1,207 @@
+//! The schema's versioned migrations, applied when a store connects.
+
+use ::postgres::Client;
+
+use super::quota;
+use super::rows::{col, pg};
+use super::sql::CLAIM_LOCK_CLASS;
+use crate::error::{Error, Result};
+
+/// The schema version this build migrates to.
+const SCHEMA_VERSION: i32 = 6;
+
+/// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
+fn migrations(schema: &str) -> [(i32, &'static str, String); 6] {
+    let s = format!("\"{schema}\"");
+    [
+        (
+            1,
+            "idempotency_keys table, token sequence, expires_at index",
+            format!(
+                "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
+             CREATE TABLE {s}.idempotency_keys ( \
+                 scope               text     NOT NULL, \
+                 key                 text     NOT NULL, \
+                 fingerprint         bytea    NOT NULL, \
+                 fingerprint_version smallint NOT NULL, \
+                 state               text     NOT NULL \
+                     CHECK (state IN ('in_progress', 'completed')), \
+                 token               bigint   NOT NULL, \
+                 attempt             bigint   NOT NULL, \
+                 lease_until         bigint, \
+                 checkpoint          bytea, \
+                 response_status     integer, \
+                 response_headers    bytea, \
+                 response_body       bytea, \
+                 created_at          bigint   NOT NULL, \
+                 completed_at        bigint, \
+                 expires_at          bigint   NOT NULL, \
+                 PRIMARY KEY (scope, key)); \
+             CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);"
+            ),
+        ),
+        (
+            2,
+            "idempotency_lock_key: a claim's advisory lock, then its row lock (issue 21)",
+            format!(
+                "CREATE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
+                 SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key)); \
+                 SELECT count(*) FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
+             $f$;"
+            ),
+        ),
+        (
+            3,
+            "idempotency_lock_key in PL/pgSQL: its plans cached per session (issues 17, 21)",
+            // The same two steps as migration 2. A `LANGUAGE sql` function with two statements
+            // is not inlined, so PostgreSQL parsed and planned both on every call (about a
+            // third of a new key's claim); PL/pgSQL keeps their plans for the session. Each of
+            // its statements still takes a fresh snapshot at READ COMMITTED, so the row lock
+            // sees a row that the claim it waited for committed.
+            format!(
+                "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
+             DECLARE held bigint; \
+             BEGIN \
+                 PERFORM pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key)); \
+                 SELECT count(*) INTO held FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS r; \
+                 RETURN held; \
+             END $f$;"
+            ),
+        ),
+        (
+            4,
+            "idempotency_lock_key without two executor runs per call (issues 17, 21)",
+            // The same two steps again, cheaper. `PERFORM` of the advisory lock started an
+            // executor for what is one function call: as an assignment it is a PL/pgSQL
+            // "simple expression", evaluated directly. The row lock needs no aggregate: `FOUND`
+            // says whether there was a row. The row lock is still a statement of its own, so
+            // it still runs on a fresh snapshot taken after the advisory lock.
+            format!(
+                "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
+             DECLARE done text; \
+             BEGIN \
+                 done := pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                     hashtext(p_scope || chr(1) || p_key))::text; \
+                 PERFORM FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE; \
+                 RETURN CASE WHEN FOUND THEN 1 ELSE 0 END; \
+             END $f$;"
+            ),
+        ),
+        (
+            5,
+            "deletions take the key's advisory lock; a new key's insert takes only that (issue 21)",
+            // No change to the tables: a change of protocol. From this version on every
+            // deletion takes the key's lock, so a claim of a new key no longer locks the row
+            // first; a build that deletes without the lock must not share the schema, and the
+            // version keeps it out. The comment tells anyone deleting rows by hand.
+            format!(
+                "COMMENT ON TABLE {s}.idempotency_keys IS 'idempotency-store records. Delete \
+                 rows only through the store or its CLI, or in a transaction that first takes \
+                 the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+                 hashtext(scope || chr(1) || key));'"
+            ),
+        ),
+        (
+            6,
+            "claim ids: a claim whose answer was lost gets its lease back (issue 30)",
+            // Nullable, no default: PostgreSQL adds it without rewriting the table. Rows of
+            // builds before this one carry NULL, which no claim id matches.
+            format!("ALTER TABLE {s}.idempotency_keys ADD COLUMN IF NOT EXISTS claim_id bigint"),
+        ),
+    ]
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per
+/// schema, so that instances starting together apply each migration exactly once; with
+/// `track_usage` (a store with a quota) also turns quota accounting on.
+pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
+    const CONTEXT: &str = "migrating the PostgreSQL schema";
+    let lock = {
+        let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&hash.as_bytes()[..8]);
+        i64::from_le_bytes(first)
+    };
+    let mut txn = client.transaction().map_err(|e| pg(CONTEXT, e))?;
+    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+        .map_err(|e| pg(CONTEXT, e))?;
+    // DDL only when something is missing, so that a role without CREATE rights can open an
+    // already migrated schema.
+    let exists = |txn: &mut ::postgres::Transaction<'_>, sql: &str| -> Result<bool> {
+        let row = txn.query_one(sql, &[&schema]).map_err(|e| pg(CONTEXT, e))?;
+        col(&row, 0)
+    };
+    if !exists(
+        &mut txn,
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+    )? {
+        txn.batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
+            .map_err(|e| pg(CONTEXT, e))?;
+    }
+    if !exists(
+        &mut txn,
+        "SELECT to_regclass(quote_ident($1) || '.idempotency_schema_migrations') IS NOT NULL",
+    )? {
+        txn.batch_execute(&format!(
+            "CREATE TABLE \"{schema}\".idempotency_schema_migrations ( \
+                 version integer PRIMARY KEY, \
+                 description text NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .map_err(|e| pg(CONTEXT, e))?;
+    }
+    let applied: Vec<i32> = txn
+        .query(
+            &format!("SELECT version FROM \"{schema}\".idempotency_schema_migrations"),
+            &[],
+        )
+        .map_err(|e| pg(CONTEXT, e))?
+        .iter()
+        .map(|row| col(row, 0))
+        .collect::<Result<_>>()?;
+    if let Some(newer) = applied.iter().copied().find(|&v| v > SCHEMA_VERSION) {
+        return Err(Error::NotAStore {
+            reason: format!(
+                "schema \"{schema}\" is at migration {newer}; this build knows up to \
+                 {SCHEMA_VERSION}"
+            ),
+        });
+    }
+    for (version, description, sql) in migrations(schema) {
+        if applied.contains(&version) {
+            continue;
+        }
+        txn.batch_execute(&sql).map_err(|e| {
+            if e.code() == Some(&::postgres::error::SqlState::DUPLICATE_TABLE) {
+                Error::NotAStore {
+                    reason: format!(
+                        "schema \"{schema}\" already holds a table or sequence this store would \
+                         create, but no record of its migrations: {e}"
+                    ),
+                }
+            } else {
+                pg(CONTEXT, e)
+            }
+        })?;
+        txn.execute(
+            &format!(
+                "INSERT INTO \"{schema}\".idempotency_schema_migrations (version, description) \
+                 VALUES ($1, $2)"
+            ),
+            &[&version, &description],
+        )
+        .map_err(|e| pg(CONTEXT, e))?;
+    }
+    if track_usage {
+        quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
+    }
+    txn.commit().map_err(|e| pg(CONTEXT, e))
+}

@@ -1,0 +1,186 @@
+//! The text of every statement, for one schema: the time, the key's locks and the fence that
+//! statements share, and [`Sql`], built once per store.
+
+use super::quota;
+
+/// The current time inside a statement: the injected clock's (`$1`) or the server's.
+pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+                   floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
+
+/// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
+/// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
+pub(super) const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
+
+/// The key's advisory lock (the two-`int4` form, class [`CLAIM_LOCK_CLASS`]), held to the end
+/// of the transaction: every claim of the key and every deletion of its record takes it, so
+/// that a claim reads the time and draws its token only once nothing else can acquire the key
+/// or delete its record. `scope` and `key` are SQL expressions.
+pub(super) fn key_lock(scope: &str, key: &str) -> String {
+    format!(
+        "pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// The same lock if it is free, for a sweep, which skips a key that a claim holds.
+pub(super) fn try_key_lock(scope: &str, key: &str) -> String {
+    format!(
+        "pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+         hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4): the key's
+/// advisory lock, then its row lock if there is a row, on a snapshot taken after the advisory
+/// lock (each statement of a volatile PL/pgSQL function takes a fresh one at READ COMMITTED),
+/// so that it also waits out a write to a row that the claim it waited for committed; the
+/// statement's own snapshot, taken before the wait, would not see that row.
+fn lock_function(schema: &str, scope: &str, key: &str) -> String {
+    format!("\"{schema}\".idempotency_lock_key({scope}::text, {key}::text)")
+}
+
+/// The start of a statement that must read the time after taking a lock: `w` runs `lock`, and
+/// only then does `c` read the time (`$1`, or the server's clock).
+pub(super) fn after_lock(lock: &str) -> String {
+    format!(
+        "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
+         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now \
+         FROM w)"
+    )
+}
+
+/// The columns a record is read from, after `c.now`.
+pub(super) const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r.state, r.token, \
+     r.attempt, r.lease_until, r.checkpoint, r.response_status, r.response_headers, \
+     r.response_body, r.created_at, r.completed_at, r.expires_at, r.claim_id";
+
+/// The fence of `complete`, `release`, `heartbeat` and `checkpoint` (`$4` is the token).
+const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::bigint \
+                     AND r.state = 'in_progress' AND r.expires_at > c.now";
+
+/// The SQL of every statement, for one schema.
+pub(super) struct Sql {
+    pub(super) lock: String,
+    pub(super) insert: String,
+    pub(super) select: String,
+    pub(super) takeover: String,
+    pub(super) complete: String,
+    /// Locks a lease's row under its fence (`complete_with`).
+    pub(super) lock_lease: String,
+    pub(super) release: String,
+    pub(super) heartbeat: String,
+    pub(super) checkpoint: String,
+    pub(super) sweep: String,
+    pub(super) stats: String,
+    pub(super) verify: String,
+    pub(super) sequence: String,
+    pub(super) now: String,
+    /// With a quota only.
+    pub(super) quota: Option<quota::Sql>,
+}
+
+impl Sql {
+    pub(super) fn new(schema: &str, quota: bool) -> Sql {
+        let t = format!("\"{schema}\".idempotency_keys");
+        let seq = format!("\"{schema}\".idempotency_token_seq");
+        let takeover_fresh = "r.expires_at <= c.now";
+        // A new key's insert needs only the advisory lock: no row means no write in flight
+        // that does not hold it (deletions take it too). A takeover waits out writes to the row.
+        let insert_now = after_lock(&key_lock("$2", "$3"));
+        let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
+        Sql {
+            lock: format!("SELECT {}", lock_function(schema, "$1", "$2")),
+            insert: format!(
+                "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
+                 token, attempt, lease_until, created_at, expires_at, claim_id) \
+                 SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
+                 nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
+                 GREATEST(c.now + $7::bigint, c.now + $6::bigint), $8::bigint FROM c \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING r.token, r.lease_until"
+            ),
+            select: format!(
+                "{NOW} SELECT c.now, {RECORD_COLUMNS} FROM c \
+                 LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
+            ),
+            takeover: format!(
+                "{takeover_now} UPDATE {t} AS r SET \
+                 fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
+                 state = 'in_progress', token = nextval('{seq}'), \
+                 attempt = CASE WHEN {takeover_fresh} THEN 1 \
+                     ELSE LEAST(r.attempt + 1, 4294967295) END, \
+                 created_at = CASE WHEN {takeover_fresh} THEN c.now ELSE r.created_at END, \
+                 checkpoint = CASE WHEN {takeover_fresh} THEN NULL ELSE r.checkpoint END, \
+                 lease_until = c.now + $6::bigint, \
+                 expires_at = GREATEST(CASE WHEN {takeover_fresh} THEN c.now \
+                     ELSE r.created_at END + $7::bigint, c.now + $6::bigint), \
+                 response_status = NULL, response_headers = NULL, response_body = NULL, \
+                 completed_at = NULL, claim_id = $8::bigint \
+                 FROM c WHERE r.scope = $2::text AND r.key = $3::text \
+                 AND ({takeover_fresh} OR (r.state = 'in_progress' AND r.lease_until <= c.now \
+                     AND r.fingerprint = $4::bytea AND r.fingerprint_version = $5::smallint)) \
+                 RETURNING r.token, r.attempt, r.lease_until, r.checkpoint"
+            ),
+            complete: format!(
+                "{NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
+                 checkpoint = NULL, response_status = $5::integer, response_headers = $6::bytea, \
+                 response_body = $7::bytea, completed_at = c.now, \
+                 expires_at = c.now + $8::bigint \
+                 FROM c WHERE {FENCE} RETURNING r.token"
+            ),
+            // `complete_with`: holds the record while the caller's statements run.
+            lock_lease: format!(
+                "{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"
+            ),
+            release: format!(
+                "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
+                after_lock(&key_lock("$2", "$3"))
+            ),
+            heartbeat: format!(
+                "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
+                 expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
+                 FROM c WHERE {FENCE} RETURNING r.lease_until"
+            ),
+            checkpoint: format!(
+                "{NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
+                 FROM c WHERE {FENCE} RETURNING r.token"
+            ),
+            // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
+            // planner may rescan the subquery per outer row, and a rescan skips the rows this
+            // statement already deleted and locks the next ones, deleting more than the limit.
+            // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
+            // takes at most `$2` locks). Answers (deleted, candidates).
+            sweep: format!(
+                "{NOW}, doomed AS MATERIALIZED (\
+                     SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
+                         x.key COLLATE \"C\" \
+                     LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED), \
+                 free AS MATERIALIZED (SELECT d.ctid FROM doomed AS d WHERE {}), \
+                 gone AS (DELETE FROM {t} AS r USING free AS f, c \
+                     WHERE r.ctid = f.ctid AND r.expires_at <= c.now RETURNING 1) \
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM doomed)",
+                try_key_lock("d.scope", "d.key")
+            ),
+            // The second count is `RecordView::is_stuck`, in SQL.
+            stats: format!(
+                "{NOW} SELECT \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress'), \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress' \
+                     AND r.lease_until <= c.now), \
+                 count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'completed'), \
+                 count(*) FILTER (WHERE r.expires_at <= c.now), \
+                 pg_total_relation_size('{t}') \
+                 FROM c LEFT JOIN {t} AS r ON true"
+            ),
+            verify: format!(
+                "SELECT r.scope, r.key, octet_length(r.fingerprint), r.fingerprint_version, \
+                 r.state, r.token, r.attempt, r.lease_until, r.checkpoint IS NOT NULL, \
+                 r.response_status, r.response_headers, r.response_body IS NOT NULL, \
+                 r.created_at, r.completed_at, r.expires_at FROM {t} AS r"
+            ),
+            sequence: format!("SELECT last_value, is_called FROM {seq}"),
+            now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
+            quota: quota.then(|| quota::Sql::new(&format!("\"{schema}\""))),
+        }
+    }
+}
