@@ -45,6 +45,11 @@ use server::{BoxError, Payments};
 pub struct Args {
     #[command(flatten)]
     pub serve: ServeOptions,
+    /// Loses every Nth answer to `POST /payments` after the charge (0: none): the client gets
+    /// no answer and must retry with the same key. For tests of clients
+    /// (tests/edge_client_crash.rs); never in production.
+    #[arg(long = "drop-answers", value_name = "N", default_value_t = 0)]
+    pub drop_answers: u64,
 }
 
 fn main() -> ExitCode {
@@ -81,9 +86,50 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
         println!("listening on http://{}", listener.local_addr()?);
         std::io::stdout().flush()?;
         let metrics = metrics_route(payments.store())?;
-        axum::serve(listener, app(payments).merge(metrics)).await?;
+        let app = app(payments).merge(metrics);
+        let app = match args.drop_answers {
+            0 => app,
+            every => app.layer(axum::middleware::from_fn_with_state(
+                Arc::new(Dropper::new(every)),
+                drop_answer,
+            )),
+        };
+        axum::serve(listener, app).await?;
         Ok(())
     })
+}
+
+/// Counts `POST /payments` for `--drop-answers`.
+struct Dropper {
+    every: u64,
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl Dropper {
+    fn new(every: u64) -> Self {
+        Dropper {
+            every,
+            seen: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+/// Lets every Nth payment run (the layer charges and stores the answer), then holds the
+/// answer far longer than any client waits: the answer is lost after the charge.
+async fn drop_answer(
+    State(dropper): State<Arc<Dropper>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let payment = request.method() == http::Method::POST && request.uri().path() == "/payments";
+    let response = next.run(request).await;
+    let seen = dropper
+        .seen
+        .fetch_add(u64::from(payment), std::sync::atomic::Ordering::Relaxed);
+    if payment && (seen + 1) % dropper.every == 0 {
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    }
+    response
 }
 
 /// `GET /metrics`: the store's metrics (README, "Metrics") in the Prometheus text format.

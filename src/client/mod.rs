@@ -57,6 +57,9 @@
 mod intent;
 mod outbox;
 mod retry;
+#[cfg(feature = "ureq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ureq")))]
+pub mod ureq;
 
 pub use self::intent::{Attempt, Begun, Intent, Pending, Sent};
 pub use self::outbox::{Outbox, SCOPE};
