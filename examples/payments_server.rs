@@ -37,15 +37,18 @@ use server::{BoxError, Payments};
 /// Idempotency-Key, whatever the retries, crashes and restarts; `GET /payments/{id}` and
 /// `GET /ledger` read the charges; `GET /metrics` shows the store's metrics.
 #[derive(Debug, Parser)]
-#[command(name = "payments_server", version, after_help = options::AFTER_HELP)]
+#[command(
+    name = "payments_server",
+    version,
+    after_help = format!("{}\n\n{}", server::limits_help(), options::AFTER_HELP)
+)]
 pub struct Args {
     #[command(flatten)]
     pub serve: ServeOptions,
-    /// Worker threads serving requests. A worker serves one connection at a time and blocks
-    /// while its write becomes durable; group commit shares one log write among the workers
-    /// waiting together, so about as many workers as concurrent clients is fastest.
-    /// Connections are kept alive (HTTP/1.1); an idle one is closed after 5 s, or after 20 ms
-    /// when no other worker is free to accept.
+    /// Threads running requests. A request holds one, once it has fully arrived, until its
+    /// answer is ready, blocking while its write becomes durable; group commit shares one log
+    /// write among the requests waiting together, so about as many threads as concurrent
+    /// clients is fastest. Connections (HTTP/1.1, kept alive) hold no thread.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub threads: usize,
 }

@@ -11,18 +11,27 @@
 //! `StoreBuilder::effect_table(LEDGER)`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use idempotency_store::http::{self as idem, HandleOptions, Problem};
 use idempotency_store::redb::{self, ReadableTable};
 use idempotency_store::{Key, LATENCY_BUCKETS_US, Lease, Response, Store};
 use metrics_exporter_prometheus::Matcher;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 
 /// Any error, for setup code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,8 +42,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub const LEDGER: redb::TableDefinition<u64, (&str, u64, &str, &str)> =
     redb::TableDefinition::new("payments_ledger");
 
-/// The largest request body read.
-const MAX_BODY: u64 = 16 * 1024;
+/// The largest request body read (16 KiB): a payment is a few dozen bytes, and every
+/// connection may hold a body this size in memory (8 MiB for 512 connections). Stated in
+/// `--help` ([`limits_help`]) and the README.
+pub const MAX_BODY: usize = 16 * 1024;
 
 /// How the service behaves.
 #[derive(Debug, Clone)]
@@ -44,7 +55,8 @@ pub struct Options {
     pub wait: Duration,
     /// Simulated card-network latency, spent while holding the key.
     pub charge_delay: Duration,
-    /// Worker threads serving requests.
+    /// Threads running the handler: a request holds one from when it is all in until its
+    /// answer is ready (including its durable write); a connection holds none.
     pub threads: usize,
 }
 
@@ -193,7 +205,7 @@ impl Payments {
         let charges = Arc::new(Mutex::new(load_ledger(&store)?));
         let idempotency = HandleOptions::new()
             .wait(options.wait)
-            .max_body(MAX_BODY as usize)
+            .max_body(MAX_BODY)
             .complete_with(record_charge(Arc::clone(&store), Arc::clone(&charges)))
             .on_error(|err| eprintln!("payments: {err}"));
         Ok(Payments {
@@ -432,35 +444,81 @@ fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem
     Problem::new(status, uri, title, detail)
 }
 
-// ---------------------------------------------------------------- serving over std::net
+// ---------------------------------------------------------------- serving over hyper
+//
+// hyper reads and writes HTTP/1.1 (framing, keep-alive, pipelining, HEAD, `Expect`), so this
+// file has no HTTP parser of its own. Connections are tasks on a one-thread tokio runtime: a
+// slow or silent client costs a socket and a small task, never a thread. The handler is
+// synchronous and runs on the runtime's blocking pool (`threads` of them), and only once its
+// whole request is in.
 
-/// How long a request may take to arrive once its first byte has.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest request head (request line and header fields) read; a larger one gets 431.
+const MAX_HEAD: usize = 16 * 1024;
 
-/// How long a kept-alive connection may sit idle between requests.
-const IDLE_LIMIT: Duration = Duration::from_secs(5);
+/// How long a stopping server lets its connections finish the request each is on.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// How often an idle worker looks up from its connection: to stop, or to let a waiting
-/// connection in when no other worker is free to accept it.
-const IDLE_POLL: Duration = Duration::from_millis(20);
+/// The pause after a failed accept (out of file descriptors, say), so that the accept loop
+/// does not spin while the cause lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// A running server: worker threads accepting on one listener, each serving one connection at a
-/// time, kept alive between requests (HTTP/1.1 persistent connections).
-pub struct Running {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
-    workers: Vec<JoinHandle<()>>,
+/// The front end's limits. A client holds a connection slot for at most `head` + `body` while
+/// its request arrives and `write` while an answer waits for it to read, so slow or silent
+/// clients cannot keep the slots, and never a handler thread.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a request head may take, from the connection's opening or its previous
+    /// answer: a client trickling its head, and an idle kept-alive connection, are closed
+    /// then.
+    pub head: Duration,
+    /// How long a body may take once its head is in; a late one gets 408 and the connection
+    /// is closed.
+    pub body: Duration,
+    /// How long an answer may wait for the client to take any of its bytes; then the
+    /// connection is closed.
+    pub write: Duration,
+    /// Connections served at once; more wait in the listen backlog until one closes.
+    pub connections: usize,
 }
 
-/// What the workers share: whether to stop, and how many of them wait in `accept`.
-#[derive(Default)]
-struct Shared {
-    stopping: AtomicBool,
-    accepting: AtomicUsize,
+impl Default for Limits {
+    /// `payments_server`'s limits, stated in its `--help` ([`limits_help`]) and the README.
+    fn default() -> Limits {
+        Limits {
+            head: Duration::from_secs(5),
+            body: Duration::from_secs(10),
+            write: Duration::from_secs(10),
+            connections: 512,
+        }
+    }
+}
+
+/// The body cap and [`Limits::default`] in words, for `payments_server --help`.
+pub fn limits_help() -> String {
+    let limits = Limits::default();
+    format!(
+        "Limits: a request body may have at most {} KiB (a larger one gets 413). A request \
+         head must arrive within {} s of its connection's opening or previous answer (an idle \
+         connection is closed then), and its body within {} s after its head (else 408). A \
+         client that takes no bytes of an answer for {} s is disconnected. At most {} \
+         connections are served at once; more wait to be accepted.",
+        MAX_BODY / 1024,
+        limits.head.as_secs(),
+        limits.body.as_secs(),
+        limits.write.as_secs(),
+        limits.connections,
+    )
+}
+
+/// A running server; dropping it stops it.
+pub struct Running {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    server: Option<JoinHandle<()>>,
 }
 
 /// Listens on `listen` (`127.0.0.1:0` picks a free port) and serves with `options.threads`
-/// workers.
+/// handler threads and the default [`Limits`].
 pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
     let threads = payments.options.threads;
     let payments = Arc::new(payments);
@@ -474,45 +532,49 @@ pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
 /// A request handler for [`serve_with`].
 pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>> + Send + Sync>;
 
-/// Serves `handler` on `listen` with `threads` workers (also used by tests/http_flow.rs).
-///
-/// A connection stays open after a response unless the request asked for `Connection: close`,
-/// was HTTP/1.0 or malformed, or the server is stopping. Between requests a worker gives its
-/// connection up (closes it) after [`IDLE_LIMIT`], or after [`IDLE_POLL`] when no other worker
-/// is waiting to accept, so idle clients cannot keep new connections out.
+/// Serves `handler` on `listen` with `threads` handler threads and the default [`Limits`]
+/// (also used by tests/http_flow.rs).
 pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
-    let listener = Arc::new(
-        TcpListener::bind(listen).map_err(|err| format!("cannot listen on {listen}: {err}"))?,
-    );
+    serve_with_limits(listen, threads, handler, Limits::default())
+}
+
+/// Serves `handler` on `listen` with `threads` handler threads and `limits`.
+///
+/// A connection stays open after an answer unless the request asked for `Connection: close`,
+/// was HTTP/1.0, was malformed or refused (400, 408, 413, 431: the rest of it is not read),
+/// or the server is stopping.
+pub fn serve_with_limits(
+    listen: &str,
+    threads: usize,
+    handler: Handler,
+    limits: Limits,
+) -> Result<Running, BoxError> {
+    let listener = std::net::TcpListener::bind(listen)
+        .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared::default());
-    let workers = (0..threads.max(1))
-        .map(|_| {
-            let (listener, handler, shared) = (
-                Arc::clone(&listener),
-                Arc::clone(&handler),
-                Arc::clone(&shared),
-            );
-            std::thread::spawn(move || {
-                loop {
-                    shared.accepting.fetch_add(1, Ordering::SeqCst);
-                    let accepted = listener.accept();
-                    shared.accepting.fetch_sub(1, Ordering::SeqCst);
-                    if shared.stopping.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    match accepted {
-                        Ok((stream, _)) => serve(&*handler, &stream, &shared),
-                        Err(err) => eprintln!("payments: accepting a connection failed: {err}"),
-                    }
-                }
-            })
-        })
-        .collect();
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(threads.max(1))
+        .thread_name("payments-handler")
+        .build()?;
+    let listener = {
+        let _context = runtime.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
+    let (stop, stopping) = watch::channel(false);
+    let server = std::thread::Builder::new()
+        .name("payments-http".into())
+        .spawn(move || {
+            runtime.block_on(accept(listener, handler, limits, stopping));
+            // Dropping the runtime waits for the handlers still running: once `Running` has
+            // stopped, nothing holds the store, and its file can be opened again.
+            drop(runtime);
+        })?;
     Ok(Running {
         addr,
-        shared,
-        workers,
+        stop,
+        server: Some(server),
     })
 }
 
@@ -524,187 +586,259 @@ impl Running {
 
     /// Serves until the process ends.
     pub fn wait(mut self) {
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+        if let Some(server) = self.server.take() {
+            let _ = server.join();
         }
     }
 }
 
 impl Drop for Running {
-    /// Stops the workers after their current request (idle connections are closed) and closes
-    /// the store (once the last worker has dropped it), so the file can be opened again.
+    /// Stops accepting, closes idle connections at once, lets each busy one finish its
+    /// request (for up to [`STOP_GRACE`]), and returns once the last handler has returned, so
+    /// that the store they share is closed.
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        for _ in &self.workers {
-            // Wakes one worker blocked in accept.
-            let _ = TcpStream::connect(self.addr);
-        }
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+        let _ = self.stop.send(true);
+        if let Some(server) = self.server.take() {
+            let _ = server.join();
         }
     }
 }
 
-/// Answers the requests of one connection until it is closed or should be.
-fn serve(
-    handler: &dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>>,
-    stream: &TcpStream,
-    shared: &Shared,
+/// Resolves once the server is stopping (or its [`Running`] is gone).
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// Accepts connections, at most `limits.connections` at a time, until the server stops; then
+/// lets them finish.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    handler: Handler,
+    limits: Limits,
+    stopping: watch::Receiver<bool>,
 ) {
-    let mut reader = BufReader::new(stream);
-    let mut first = true;
-    while first || next_request_arrives(stream, &mut reader, shared) {
-        first = false;
-        let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
-        let (answer, keep) = match read_request(&mut reader) {
-            Ok(request) => {
-                let keep = keeps_alive(&request);
-                (handler(request), keep)
-            }
-            Err(problem) => (problem.to_http(), false),
-        };
-        let keep = keep && !shared.stopping.load(Ordering::SeqCst);
-        // The client may be gone (a lost answer): its retry gets the stored answer.
-        if write_response(stream, answer, keep).is_err() || !keep {
-            return;
-        }
-    }
-}
-
-/// Whether an HTTP/1.1 request lets the connection persist (RFC 9112 section 9.3).
-fn keeps_alive(request: &http::Request<Vec<u8>>) -> bool {
-    let close = request
-        .headers()
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("close"));
-    request.version() == http::Version::HTTP_11 && !close
-}
-
-/// Waits for the first byte of the next request on a kept-alive connection; `false` when the
-/// client closed it or the worker should give it up (see [`serve_with`]).
-fn next_request_arrives(stream: &TcpStream, reader: &mut impl BufRead, shared: &Shared) -> bool {
-    let _ = stream.set_read_timeout(Some(IDLE_POLL));
-    let idle_since = std::time::Instant::now();
+    let slots = Arc::new(Semaphore::new(limits.connections.max(1)));
+    let mut connections = JoinSet::new();
     loop {
-        match reader.fill_buf() {
-            Ok(buffered) => return !buffered.is_empty(),
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                let crowded = shared.accepting.load(Ordering::SeqCst) == 0;
-                if crowded
-                    || shared.stopping.load(Ordering::SeqCst)
-                    || idle_since.elapsed() >= IDLE_LIMIT
-                {
-                    return false;
-                }
+        let next = async {
+            // The slot is taken before the accept: past the limit, clients wait in the
+            // backlog instead of being accepted and starved.
+            let slot = Arc::clone(&slots).acquire_owned().await;
+            (slot, listener.accept().await)
+        };
+        let (slot, accepted) = tokio::select! {
+            () = stopped(stopping.clone()) => break,
+            next = next => next,
+        };
+        match (slot, accepted) {
+            (Ok(slot), Ok((stream, _))) => {
+                let (handler, stopping) = (Arc::clone(&handler), stopping.clone());
+                connections.spawn(async move {
+                    serve(stream, handler, limits, stopping).await;
+                    drop(slot);
+                });
             }
-            Err(_) => return false,
+            (_, Err(err)) => {
+                eprintln!("payments: accepting a connection failed: {err}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+            // The semaphore is never closed.
+            (Err(_), Ok(_)) => {}
         }
+        while connections.try_join_next().is_some() {}
     }
+    drop(listener);
+    let finished = async { while connections.join_next().await.is_some() {} };
+    // Past the grace, the connections left are dropped with the set (their handlers, on the
+    // blocking pool, still run to the end).
+    let _ = tokio::time::timeout(STOP_GRACE, finished).await;
 }
 
-fn write_response(
-    mut stream: &TcpStream,
-    answer: http::Response<Vec<u8>>,
-    keep: bool,
-) -> std::io::Result<()> {
-    let (parts, body) = answer.into_parts();
-    let reason = parts.status.canonical_reason().unwrap_or("");
-    let mut head = format!("HTTP/1.1 {} {reason}\r\n", parts.status.as_u16()).into_bytes();
-    for (name, value) in &parts.headers {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
+/// Serves one connection until the client or hyper closes it, or the server stops.
+async fn serve(
+    stream: tokio::net::TcpStream,
+    handler: Handler,
+    limits: Limits,
+    stopping: watch::Receiver<bool>,
+) {
+    // A pipelining client must not wait for Nagle's algorithm to release its second answer.
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(WriteDeadline::new(stream, limits.write));
+    let service = hyper::service::service_fn(move |request| {
+        answer(request, Arc::clone(&handler), limits.body)
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.head)
+        .max_header_size(MAX_HEAD);
+    let connection = http.serve_connection(io, service);
+    tokio::pin!(connection);
+    // A connection's errors (a timeout, a reset, a malformed request hyper has answered) are
+    // the client's: logging them would let any client fill the log.
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = stopped(stopping) => connection.as_mut().graceful_shutdown(),
     }
-    let connection = if keep { "" } else { "connection: close\r\n" };
-    let tail = format!("content-length: {}\r\n{connection}\r\n", body.len());
-    head.extend_from_slice(tail.as_bytes());
-    head.extend_from_slice(&body);
-    stream.write_all(&head)
+    // Closes at once if idle, else after the answer to the request in progress.
+    let _ = connection.await;
 }
 
-/// Reads one request (request line, headers, `Content-Length` body) into `http` types, or the
-/// problem to answer. Header values are bytes: a key with non-ASCII or control characters
-/// reaches the key parser or gets its 400 here, never a closed connection.
-fn read_request(reader: &mut impl BufRead) -> Result<http::Request<Vec<u8>>, Problem> {
-    let bad = |what: &str| problem(StatusCode::BAD_REQUEST, "bad-request", "Bad request", what);
-    let line = read_line(reader).ok_or_else(|| bad("the request line could not be read"))?;
-    let line = String::from_utf8_lossy(&line).into_owned();
-    let mut words = line.split(' ');
-    let (Some(method), Some(target)) = (words.next(), words.next()) else {
-        return Err(bad("malformed request line"));
+/// Reads the whole body (within `body_limit`), then runs the handler on the blocking pool.
+async fn answer(
+    request: http::Request<Incoming>,
+    handler: Handler,
+    body_limit: Duration,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let version = parts.version;
+    let mut answer = match read_body(body, body_limit).await {
+        Ok(body) => {
+            let request = http::Request::from_parts(parts, body);
+            tokio::task::spawn_blocking(move || handler(request))
+                .await
+                .unwrap_or_else(|panicked| {
+                    eprintln!("payments: a handler panicked: {panicked}");
+                    Problem::internal().to_http()
+                })
+        }
+        // The rest of the body is not read, so the connection cannot carry another request.
+        Err(refused) => closing(refused.to_http()),
     };
-    // Anything but HTTP/1.1 is answered as HTTP/1.0 would be: the connection then closes.
-    let version = match words.next() {
-        Some("HTTP/1.1") => http::Version::HTTP_11,
-        _ => http::Version::HTTP_10,
-    };
-    let mut builder = http::Request::builder()
-        .method(method)
-        .uri(target)
-        .version(version);
-    let mut length = 0u64;
-    let mut fields = 0;
-    loop {
-        let line = read_line(reader).ok_or_else(|| bad("the headers could not be read"))?;
-        if line.is_empty() {
-            break;
-        }
-        fields += 1;
-        if fields > 100 {
-            return Err(bad("too many header fields"));
-        }
-        let colon = line.iter().position(|&b| b == b':');
-        let Some(colon) = colon else {
-            return Err(bad("a header line has no ':'"));
-        };
-        let name = String::from_utf8_lossy(&line[..colon])
-            .trim()
-            .to_ascii_lowercase();
-        let value = line[colon + 1..].trim_ascii();
-        let Ok(header_value) = http::HeaderValue::from_bytes(value) else {
-            return Err(match name.as_str() {
-                "idempotency-key" => Problem::invalid_key("the value has a control character"),
-                _ => bad(&format!("header {name} has a control character")),
-            });
-        };
-        if name == "content-length" {
-            let text = std::str::from_utf8(value).unwrap_or("");
-            length = text.parse().map_err(|_| bad("malformed Content-Length"))?;
-        }
-        builder = builder.header(name.as_str(), header_value);
+    if version == http::Version::HTTP_10 {
+        // HTTP/1.0 connections are not kept alive: an HTTP/1.0 answer saying so has hyper
+        // close the connection after it, even if the client asked for keep-alive.
+        *answer.version_mut() = http::Version::HTTP_10;
+        answer = closing(answer);
     }
-    if length > MAX_BODY {
+    Ok(answer.map(|body| Full::new(Bytes::from(body))))
+}
+
+/// The body, at most [`MAX_BODY`] bytes and within `limit`, or the problem to answer.
+async fn read_body(body: Incoming, limit: Duration) -> Result<Vec<u8>, Problem> {
+    let too_large = || {
         let detail = format!("the body is larger than {MAX_BODY} bytes");
         let status = StatusCode::PAYLOAD_TOO_LARGE;
-        return Err(problem(status, "too-large", "Body too large", &detail));
+        problem(status, "too-large", "Body too large", &detail)
+    };
+    // A declared length over the cap is refused before a byte of the body is read.
+    if body.size_hint().lower() > MAX_BODY as u64 {
+        return Err(too_large());
     }
-    let mut body = vec![0; length as usize];
-    reader
-        .read_exact(&mut body)
-        .map_err(|_| bad("the body could not be read"))?;
-    builder.body(body).map_err(|e| bad(&e.to_string()))
+    match tokio::time::timeout(limit, Limited::new(body, MAX_BODY).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(too_large()),
+        // A malformed chunk, or the client went away.
+        Ok(Err(err)) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            &format!("the body could not be read: {err}"),
+        )),
+        Err(_) => Err(problem(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            "Request timeout",
+            &format!("the body did not arrive within {} s", limit.as_secs()),
+        )),
+    }
 }
 
-/// One CRLF-terminated line without its end, at most 16 KiB; `None` if it cannot be read.
-fn read_line(reader: &mut impl BufRead) -> Option<Vec<u8>> {
-    let mut line = Vec::new();
-    let read = reader.take(16 * 1024).read_until(b'\n', &mut line).ok()?;
-    if read == 0 || line.last() != Some(&b'\n') {
-        return None;
+/// `answer` with `Connection: close`, which hyper honours by closing after it.
+fn closing(mut answer: http::Response<Vec<u8>>) -> http::Response<Vec<u8>> {
+    answer.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    answer
+}
+
+/// A connection's socket whose writes fail once they have made no progress for `limit`, so
+/// that a client that does not read its answers cannot keep its connection slot.
+struct WriteDeadline {
+    stream: tokio::net::TcpStream,
+    limit: Duration,
+    /// Set while a write waits for the client; any progress clears it.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(stream: tokio::net::TcpStream, limit: Duration) -> WriteDeadline {
+        WriteDeadline {
+            stream,
+            limit,
+            stalled: None,
+        }
     }
-    line.pop();
-    if line.last() == Some(&b'\r') {
-        line.pop();
+
+    /// `polled` (a write, flush or shutdown), or a timeout once it has been pending for
+    /// `limit`.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no bytes of its answer",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
-    Some(line)
+}
+
+impl AsyncRead for WriteDeadline {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteDeadline {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.check(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.check(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        this.check(cx, polled)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_shutdown(cx);
+        this.check(cx, polled)
+    }
 }
