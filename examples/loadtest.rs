@@ -19,8 +19,11 @@
 //! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
 //! first open after that crash, for each `Durability`.
 //!
+//! `outbox` is the client's (`idempotency_store::client`): a pair is `Outbox::begin` of a fresh
+//! operation (its key durable before it returns) and `Outbox::finish`, on a store of its own.
+//!
 //! `--only` filters by system (`store`, `store-nogc`, `store-txn`, `sqlite-full`, `postgres`,
-//! `postgres-tls`, `pg-probe`, `store-quickrepair`, `fdatasync`) and by workload (`pairs`,
+//! `postgres-tls`, `pg-probe`, `store-quickrepair`, `outbox`, `fdatasync`) and by workload (`pairs`,
 //! `replay`, `mixed`, `payments`); a cell runs if its system is named (or no system is) and its
 //! workload is named (or no workload is).
 //!
@@ -46,6 +49,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idempotency_store::client::{Begun, Outbox};
 use idempotency_store::redb::{self, TableDefinition};
 use idempotency_store::{
     Claim, Durability, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
@@ -1053,6 +1057,48 @@ impl Client for LogBoundClient<'_> {
     }
 }
 
+// --- the client's outbox: a pair is `begin` of a fresh operation and `finish`
+
+struct OutboxSys {
+    outbox: Outbox,
+    cell: u64,
+    body: Vec<u8>,
+}
+
+struct OutboxClient<'a> {
+    sys: &'a OutboxSys,
+    fresh: Fresh,
+}
+
+impl System for OutboxSys {
+    fn client(&self, thread: usize) -> Res<Box<dyn Client + '_>> {
+        Ok(Box::new(OutboxClient {
+            sys: self,
+            fresh: fresh_for(thread, self.cell),
+        }))
+    }
+}
+
+impl Client for OutboxClient<'_> {
+    /// Begins a fresh operation (its key durable before `begin` returns) and finishes it.
+    fn pair(&mut self) -> Res<()> {
+        let name = self.fresh.next();
+        match self.sys.outbox.begin(&name, fingerprint_of(&name)) {
+            Ok(Begun::Open(intent)) => self
+                .sys
+                .outbox
+                .finish(&intent, Response::new(200, self.sys.body.clone()))
+                .map_err(|e| err("finish", e)),
+            Ok(other) => Err(format!("fresh operation {name} not open: {other:?}")),
+            Err(e) => Err(err("begin", e)),
+        }
+    }
+
+    fn replay(&mut self) -> Res<()> {
+        Err("outbox measures pairs only".into())
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running a cell
 
@@ -1211,7 +1257,7 @@ fn fdatasync_rate(dir: &Path, secs: f64, pages: u64) -> Res<(f64, Option<Lat>)> 
 
 /// The systems every run measures, plus `postgres` when it can.
 fn systems() -> Vec<&'static str> {
-    let mut systems = vec!["store", "store-nogc", "sqlite-full", "log-bound"];
+    let mut systems = vec!["store", "store-nogc", "sqlite-full", "log-bound", "outbox"];
     if pg_url().is_some() {
         systems.extend(["postgres", "postgres-tls", "pg-probe"]);
     }
@@ -1426,6 +1472,14 @@ impl Runner<'_> {
                 f(&sys)
             }
             "log-bound" => f(&LogBound::create(dir.path())?),
+            "outbox" => {
+                let store = Arc::new(open_store(dir.path(), false, Durability::Immediate)?);
+                f(&OutboxSys {
+                    outbox: Outbox::new(store),
+                    cell,
+                    body: body(),
+                })
+            }
             "sqlite-full" => {
                 let sys = SqliteSys::create(dir.path(), Arc::clone(&self.set), cell)?;
                 if prefill {
@@ -1577,7 +1631,7 @@ impl Runner<'_> {
 const WORKLOADS: [&str; 4] = ["pairs", "replay", "mixed", "payments"];
 
 fn wanted(only: &[String], system: &str, workload: &str) -> bool {
-    if matches!(system, "log-bound" | "pg-probe") && workload != "pairs" {
+    if matches!(system, "log-bound" | "pg-probe" | "outbox") && workload != "pairs" {
         return false;
     }
     // store-txn runs payments only, and payments run on PAYMENT_SYSTEMS only.
@@ -1862,6 +1916,16 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         Target {
             name: "mixed_replay_over_replay_only_16t",
             value: ratio(store_mixed, runner.replay_at("store", MIXED_HALF)),
+            min: 0.8,
+        },
+        Target {
+            name: "outbox_1t_begin_finish_over_store_pairs",
+            value: ratio(runner.pairs_at("outbox", 1), runner.pairs_at("store", 1)),
+            min: 0.8,
+        },
+        Target {
+            name: "outbox_64t_begin_finish_over_store_pairs",
+            value: ratio(runner.pairs_at("outbox", 64), runner.pairs_at("store", 64)),
             min: 0.8,
         },
         Target {
