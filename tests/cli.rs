@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use idempotency_store::redb::TableDefinition;
 use idempotency_store::{
-    Claim, Clock, Fingerprint, Key, ManualClock, Response, Store, SystemClock, Timestamp,
+    Claim, Clock, Error, Fingerprint, Key, ManualClock, Response, Store, SystemClock, Timestamp,
 };
 use serde_json::Value;
 
@@ -138,6 +139,37 @@ fn crashed(dir: &Path) -> PathBuf {
     let copy = dir.join("crashed.redb");
     std::fs::copy(&path, &copy).expect("copy");
     copy
+}
+
+/// The payment servers' effect table (`examples/payments_service`), which the CLI does not know.
+const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("payments_ledger");
+
+/// A store file as a service with an effect table leaves it when it stops uncleanly (the
+/// example servers, even on SIGTERM): `paid` completed with a ledger row, `held` in progress
+/// with a live lease, all only in the log. Copied to `unclean.redb`, as in `crashed`.
+fn crashed_with_effects(dir: &Path) -> PathBuf {
+    let path = dir.join("service.redb");
+    let store = Store::builder()
+        .effect_table(LEDGER)
+        .open(&path)
+        .expect("create");
+    let paid = claim(&store, &Key::new("paid").expect("key"));
+    store
+        .complete_with_effects(&paid, Response::new(201, "paid"), |effects| {
+            effects.insert(LEDGER, "paid", 4999)
+        })
+        .expect("complete")
+        .expect("the ledger row");
+    let _held = claim(&store, &Key::new("held").expect("key"));
+    std::mem::forget(store);
+    let copy = dir.join("unclean.redb");
+    std::fs::copy(&path, &copy).expect("copy");
+    copy
+}
+
+/// A checksum of the file's bytes.
+fn checksum(path: &Path) -> blake3::Hash {
+    blake3::hash(&std::fs::read(path).expect("read"))
 }
 
 fn verify_with_library(path: &Path) -> idempotency_store::VerifyReport {
@@ -586,6 +618,108 @@ fn a_damaged_record_is_listed_as_a_problem_and_skipped() {
     expect(0, &["get", p(&path), "stuck-order"]);
 }
 
+// ----- release and sweep: the application's effect rows, and nothing changed on failure -------
+
+#[test]
+fn release_and_sweep_keep_the_applications_effect_rows_for_its_next_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = crashed_with_effects(dir.path());
+    // The finding: an open that does not register the table refuses such a file.
+    let probe = dir.path().join("probe.redb");
+    std::fs::copy(&path, &probe).expect("copy");
+    assert!(matches!(
+        Store::open(&probe),
+        Err(Error::EffectTable { .. })
+    ));
+
+    let released = expect(0, &["release", p(&path), "held", "--yes"]);
+    assert!(
+        released
+            .stdout
+            .starts_with(r#"released key "held" (attempt 1)"#),
+        "{}",
+        released.stdout
+    );
+    let swept = expect(0, &["sweep", p(&path), "--json"]);
+    assert_eq!(json(&swept)["swept"], 0);
+    expect(1, &["get", p(&path), "held"]);
+
+    // Kept, not dropped: an open without the table still refuses the file...
+    let refused = Store::open(&path).map(drop);
+    assert!(
+        matches!(&refused, Err(Error::EffectTable { table, .. }) if table == "payments_ledger"),
+        "{refused:?}"
+    );
+    // ...and the application's next open has its ledger row, and the release.
+    let app = Store::builder()
+        .effect_table(LEDGER)
+        .open(&path)
+        .expect("the application opens its file");
+    let paid = app
+        .read_with(
+            |txn| -> Result<Option<u64>, idempotency_store::redb::Error> {
+                Ok(txn.open_table(LEDGER)?.get("paid")?.map(|v| v.value()))
+            },
+        )
+        .expect("read")
+        .expect("the ledger");
+    assert_eq!(paid, Some(4999));
+    assert!(
+        app.lookup(&Key::new("held").expect("key"))
+            .expect("lookup")
+            .is_none()
+    );
+    assert!(app.verify().expect("verify").is_clean());
+    app.close().expect("close");
+    // Applied, so nothing waits any more: any open works again.
+    Store::open(&path).expect("open").close().expect("close");
+}
+
+#[test]
+fn a_failing_release_or_sweep_leaves_the_file_byte_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = crashed_with_effects(dir.path());
+    let before = checksum(&path);
+    let refusals: [(&[&str], &str); 5] = [
+        (&["release", p(&path), "paid", "--yes"], "refused"),
+        (&["release", p(&path), "nothing-here", "--yes"], "no-record"),
+        (&["release", p(&path), "held"], "refused"),
+        (&["release", p(&path), "bad\tkey", "--yes"], "invalid-key"),
+        (&["sweep", p(&path), "--limit", "1"], "usage"),
+    ];
+    for (args, kind) in refusals {
+        json_error(2, kind, args);
+        assert_eq!(checksum(&path), before, "{args:?} changed the file");
+    }
+    // The look passes, the writable open fails: a reader holds the file.
+    {
+        let _reader = Store::builder().open_read_only(&path).expect("read-only");
+        expect(0, &["stats", p(&path)]);
+        json_error(2, "already-open", &["sweep", p(&path)]);
+        json_error(2, "already-open", &["release", p(&path), "held", "--yes"]);
+    }
+    assert_eq!(
+        checksum(&path),
+        before,
+        "a refused writable open changed the file"
+    );
+    // A damaged file does not get as far as a writable open.
+    let truncated = dir.path().join("truncated.redb");
+    let bytes = std::fs::read(&path).expect("read");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("truncate");
+    let damaged = checksum(&truncated);
+    for args in [
+        vec!["sweep", p(&truncated)],
+        vec!["release", p(&truncated), "held", "--yes"],
+    ] {
+        assert_eq!(cli(&args).code, 2, "{args:?}");
+        assert_eq!(checksum(&truncated), damaged, "{args:?} changed the file");
+    }
+    // The test could fail: a release that succeeds does change the file.
+    expect(0, &["release", p(&path), "held", "--yes"]);
+    assert_ne!(checksum(&path), before);
+}
+
 // ----- the library operations behind `list`, `get` and `release` ------------------------------
 
 #[test]
@@ -687,7 +821,8 @@ mod postgres_backend {
     }
 
     impl Db {
-        fn fixture(test: &str) -> Option<Db> {
+        /// A schema name of this test's own, with no schema of that name.
+        fn empty(test: &str) -> Option<Db> {
             let plain = match std::env::var("IDEMPOTENCY_PG_URL") {
                 Ok(url) if !url.trim().is_empty() => url,
                 _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
@@ -704,6 +839,11 @@ mod postgres_backend {
                 schema: format!("cli_{test}_{}", std::process::id()),
             };
             db.admin(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", db.schema));
+            Some(db)
+        }
+
+        fn fixture(test: &str) -> Option<Db> {
+            let db = Db::empty(test)?;
             let now = SystemClock.now().as_millis();
             let clock = ManualClock::new(Timestamp::from_millis(now - 48 * HOUR));
             let store = PgStore::builder()
@@ -755,6 +895,32 @@ mod postgres_backend {
                 postgres::Client::connect(&self.plain, postgres::NoTls).expect("admin connection");
             client.batch_execute(sql).expect("admin statement");
         }
+
+        /// The one `bigint` that `sql` answers.
+        fn number(&self, sql: &str) -> i64 {
+            let mut client =
+                postgres::Client::connect(&self.plain, postgres::NoTls).expect("admin connection");
+            client
+                .query_one(sql, &[])
+                .and_then(|row| row.try_get(0))
+                .expect("a number")
+        }
+
+        fn schema_exists(&self) -> bool {
+            let sql = format!(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = '{}'",
+                self.schema
+            );
+            self.number(&sql) > 0
+        }
+
+        /// The highest migration the schema records.
+        fn migration(&self) -> i64 {
+            self.number(&format!(
+                "SELECT max(version)::bigint FROM \"{}\".idempotency_schema_migrations",
+                self.schema
+            ))
+        }
     }
 
     impl Drop for Db {
@@ -764,6 +930,27 @@ mod postgres_backend {
                 self.schema
             ));
         }
+    }
+
+    /// `IDEMPOTENCY_PG_URL` (a URL or `key=value` pairs) as `key=value` pairs, as the README
+    /// writes it.
+    fn as_pairs(text: &str) -> String {
+        let config: postgres::Config = text.parse().expect("IDEMPOTENCY_PG_URL parses");
+        let host = match config.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => "127.0.0.1".to_owned(),
+        };
+        let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+        let mut pairs = format!(
+            "host={host} port={} user={} dbname={}",
+            config.get_ports().first().copied().unwrap_or(5432),
+            quote(config.get_user().unwrap_or("postgres")),
+            quote(config.get_dbname().unwrap_or("postgres")),
+        );
+        if let Some(password) = config.get_password() {
+            pairs += &format!(" password={}", quote(&String::from_utf8_lossy(password)));
+        }
+        pairs
     }
 
     /// `IDEMPOTENCY_PG_URL` (`key=value` pairs or a URL) as a `postgresql://` URL.
@@ -823,13 +1010,16 @@ mod postgres_backend {
         assert_eq!(line("completed"), "completed 1");
         assert!(line("expired").starts_with("expired 1"));
         assert_eq!(line("total"), "total 4");
-        assert!(line("file size:").ends_with(" bytes)"));
+        // A table, not a file: the names say so.
+        assert!(line("table size:").ends_with(" bytes)"));
+        assert!(!human.stdout.contains("file"), "{}", human.stdout);
         let stats = json(&db.run(0, &["stats", "{}", "--json"]));
         assert_eq!(
             (&stats["records"], &stats["stuck"], &stats["expired"]),
             (&4.into(), &1.into(), &1.into())
         );
-        assert!(stats["file_bytes"].as_u64().is_some_and(|b| b > 0));
+        assert!(stats["table_bytes"].as_u64().is_some_and(|b| b > 0));
+        assert!(stats.get("file_bytes").is_none(), "{stats}");
     }
 
     #[test]
@@ -981,6 +1171,80 @@ mod postgres_backend {
         assert!(bad.stderr.contains("1 problem found"), "{}", bad.stderr);
     }
 
+    /// Every command, on a schema given by `Db::run`.
+    const COMMANDS: [&[&str]; 7] = [
+        &["stats", "{}"],
+        &["get", "{}", "k"],
+        &["list", "{}"],
+        &["verify", "{}"],
+        &["export", "{}"],
+        &["sweep", "{}"],
+        &["release", "{}", "k", "--yes"],
+    ];
+
+    #[test]
+    fn no_command_creates_a_missing_schema() {
+        let Some(db) = Db::empty("missing") else {
+            return;
+        };
+        for args in COMMANDS {
+            let run = db.run(2, args);
+            for expected in ["does not exist", "never creates or migrates a schema"] {
+                assert!(run.stderr.contains(expected), "{args:?}: {}", run.stderr);
+            }
+            assert!(!db.schema_exists(), "{args:?} created the schema");
+        }
+        let message = super::json_error(
+            2,
+            "not-a-store",
+            &["stats", db.plain.as_str(), "--schema", db.schema.as_str()],
+        );
+        assert!(message.contains(&db.schema), "{message}");
+    }
+
+    #[test]
+    fn no_command_migrates_a_schema_at_another_migration() {
+        let Some(db) = Db::fixture("older") else {
+            return;
+        };
+        let current = db.migration();
+        // As a build one migration older left it (the last migration's column stays: the
+        // CLI must refuse before it reads anything).
+        db.admin(&format!(
+            "DELETE FROM \"{}\".idempotency_schema_migrations WHERE version = {current}",
+            db.schema
+        ));
+        for args in COMMANDS {
+            let run = db.run(2, args);
+            let older = format!("is at migration {}", current - 1);
+            assert!(run.stderr.contains(&older), "{args:?}: {}", run.stderr);
+            assert_eq!(db.migration(), current - 1, "{args:?} migrated the schema");
+        }
+        // As a newer build leaves it.
+        db.admin(&format!(
+            "INSERT INTO \"{}\".idempotency_schema_migrations (version, description) \
+             VALUES ({current}, 'back'), ({}, 'from the future')",
+            db.schema,
+            current + 1
+        ));
+        let run = db.run(2, &["verify", "{}"]);
+        let newer = format!("is at migration {}", current + 1);
+        assert!(run.stderr.contains(&newer), "{}", run.stderr);
+        assert_eq!(db.migration(), current + 1);
+    }
+
+    #[test]
+    fn a_key_value_connection_string_is_a_database() {
+        let Some(db) = Db::fixture("pairs") else {
+            return;
+        };
+        let pairs = as_pairs(&db.plain);
+        let stats = expect(0, &["stats", &pairs, "--schema", &db.schema, "--json"]);
+        assert_eq!(json(&stats)["records"], 4);
+        let listed = expect(0, &["list", &pairs, "--schema", &db.schema, "--json"]);
+        assert_eq!(json(&listed).as_array().map(Vec::len), Some(4));
+    }
+
     #[test]
     fn an_unreachable_server_is_one_line_without_the_password() {
         if Db::fixture("unreachable").is_none() {
@@ -998,6 +1262,19 @@ mod postgres_backend {
             run.stderr
         );
         assert!(!run.stderr.contains("s3cret"), "{}", run.stderr);
+        // key=value pairs: the password pair is left out, quoted or not.
+        for password in ["s3cret", r"'s3cret \' x'"] {
+            let pairs = format!("host=127.0.0.1 port=1 user=idem password={password} dbname=idem");
+            let run = cli(&["stats", &pairs]);
+            assert_eq!(run.code, 2, "{}", run.stderr);
+            assert!(
+                run.stderr
+                    .starts_with("error: host=127.0.0.1 port=1 user=idem dbname=idem:"),
+                "{}",
+                run.stderr
+            );
+            assert!(!run.stderr.contains("s3cret"), "{}", run.stderr);
+        }
     }
 }
 
@@ -1195,10 +1472,54 @@ fn help_and_version_exit_0() {
         assert!(!run.stdout.is_empty(), "{args:?} printed nothing");
         assert!(run.stderr.is_empty(), "{args:?}: {}", run.stderr);
     }
+    // An installed binary has no docs/cli.md: --help carries the PATH forms, the promises,
+    // the exit codes and every error kind.
     let help = expect(0, &["--help"]).stdout;
-    for promise in ["Exit codes: 0", "\"kind\"", "read-only", "docs/cli.md"] {
+    for promise in [
+        "postgresql://",
+        "key=value",
+        "--schema",
+        "read-only",
+        "byte for byte",
+        "effect tables",
+        "creates or migrates a schema",
+        "Exit codes:",
+        "  0  done",
+        "  1  done, but",
+        "  2  could not do it",
+        "\"kind\"",
+    ] {
         assert!(help.contains(promise), "{promise:?} in --help:\n{help}");
     }
+    let (_, kinds) = help.split_once("one of:").expect("the kinds in --help");
+    let kinds: Vec<&str> = kinds
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "usage",
+            "invalid-key",
+            "no-file",
+            "not-a-file",
+            "already-open",
+            "not-a-store",
+            "corrupted",
+            "storage",
+            "refused",
+            "no-record",
+            "problems",
+            "damaged",
+            "output",
+            "internal",
+        ]
+    );
+    let short = expect(0, &["-h"]).stdout;
+    assert!(short.contains("--help says more"), "{short}");
     // No subcommand is a usage error.
     assert_eq!(cli(&[]).code, 2);
 }

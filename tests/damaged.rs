@@ -222,17 +222,18 @@ fn a_store_of_a_newer_format_is_refused() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 1)?;
     {
+        // 4 is format 3 with kept effect rows waiting (`StoreBuilder::keep_unregistered_effects`).
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         txn.open_table(META)
             .expect("meta")
-            .insert("format_version", 4)
+            .insert("format_version", 5)
             .expect("insert");
         txn.commit().expect("commit");
     }
-    let err = Store::open(&path).expect_err("format 4");
+    let err = Store::open(&path).expect_err("format 5");
     assert!(
-        matches!(&err, Error::NotAStore { reason } if reason.contains("version 4")),
+        matches!(&err, Error::NotAStore { reason } if reason.contains("version 5")),
         "{err:?}"
     );
     Ok(())

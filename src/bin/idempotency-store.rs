@@ -10,26 +10,27 @@
 //! idempotency-store export  PATH [--jsonl]
 //! ```
 //!
-//! Full documentation: `docs/cli.md`. Tables for people by default; `--json` prints JSON for
-//! scripts, errors included (`export` always prints JSON lines). Times in JSON are milliseconds since the Unix epoch (`*_ms`); in tables, UTC. Byte
-//! strings (response bodies, header values, checkpoints) are standard padded base64 in JSON
+//! `--help` carries everything an installed binary needs (PATH forms, guarantees, exit codes,
+//! error kinds: [`LONG_HELP`]); `docs/cli.md` adds examples. Tables for people by default;
+//! `--json` prints JSON for scripts, errors included (`export` always prints JSON lines). Times
+//! in JSON are milliseconds since the Unix epoch (`*_ms`); in tables, UTC. Byte strings
+//! (response bodies, header values, checkpoints) are standard padded base64 in JSON
 //! (`*_base64`); fingerprints are lowercase hex of the 32-byte digest plus the algorithm version.
 //!
 //! The file is never created: a missing path is an error. The inspection commands (`stats`,
 //! `get`, `list`, `verify`, `export`) open it read-only and never change a byte of it, so they
-//! work on a read-only copy too; `release` and `sweep` write. The file must not be open in a
-//! running service (which holds it): stop the service, or work on a copy.
+//! work on a read-only copy too. `release` and `sweep` write, but only after a read-only look
+//! found nothing to refuse, so a command that fails or is refused leaves the file as it was;
+//! they keep the rows of the application's effect tables that the log may hold
+//! (`StoreBuilder::keep_unregistered_effects`). The file must not be open in a running service
+//! (which holds it): stop the service, or work on a copy.
 //!
-//! PATH may instead be a `postgres://` or `postgresql://` URL (TLS by its `sslmode`, as
-//! `PgStore` reads it): every command then works on that database's `PgStore` table (in the
-//! schema given by `--schema`, default `public`), with the same output and exit codes. The
-//! database is shared with the running services, so nothing needs stopping; `list` and
-//! `export` walk the table in key order.
-//!
-//! Exit codes: 0 done (also `release` answered "no" at its prompt: nothing released); 1 done,
-//! but the answer is a problem (`verify` found problems or the file is damaged, `list`/`export`
-//! skipped damaged records, `get` found no record); 2 could not do it (usage error, missing
-//! file, file already open, unreadable store, `release` refused).
+//! PATH may instead be a PostgreSQL connection string: a `postgres://` or `postgresql://` URL,
+//! or `key=value` pairs (`host=… dbname=…`), TLS by its `sslmode` as `PgStore` reads it. Every
+//! command then works on that database's `PgStore` table (in the schema given by `--schema`,
+//! default `public`), with the same output and exit codes. The database is shared with the
+//! running services, so nothing needs stopping; `list` and `export` walk the table in key
+//! order. No command creates or migrates a schema (`PgStoreBuilder::migrate(false)`).
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -53,26 +54,56 @@ const KEY_WIDTH: usize = 64;
 /// The longest body, header value or checkpoint shown as text in `get` (characters).
 const SHOW_TEXT: usize = 1000;
 
+/// What `--help` says after the commands: all an installed binary's user needs.
+const LONG_HELP: &str = "\
+PATH is a store file, or a PostgreSQL connection string: a URL
+(postgresql://user:password@host/db?sslmode=verify-full) or key=value pairs
+(\"host=127.0.0.1 port=5432 user=idem dbname=idem\"), with --schema NAME if the store's
+table is not in the schema `public`.
+
+Looking never changes the store:
+  stats, get, list, verify and export open a file read-only and change no byte of it (a
+  file left by a crash is replayed in memory). release and sweep write, and only after a
+  read-only look found nothing to refuse: a command that fails or is refused leaves the
+  file byte for byte as it was (short of an I/O failure while it writes). Rows of the
+  application's effect tables that a crash left in the log are left out by inspection,
+  and kept by release and sweep for the application's next open. The file is never
+  created, and cannot be opened while a service holds it: stop the service, or work on a
+  copy.
+  On PostgreSQL nothing needs stopping, and no command creates or migrates a schema: a
+  missing schema, or one at another migration than this build's, is an error (exit 2,
+  kind not-a-store). Use the CLI of the version the services run.
+
+Exit codes:
+  0  done; also release answered \"no\" (nothing released), --help, --version
+  1  done, but the answer is a problem: verify found problems (or the file is damaged or
+     not a store), list or export skipped damaged records, get found no record
+  2  could not do it: usage error, missing file, already open, not a store (or PostgreSQL
+     schema missing or at another migration), storage failure, release refused
+
+Errors are one line on stderr, `error: ...`. With --json, stdout is JSON and an error is one
+JSON line on stderr, {\"error\": \"...\", \"kind\": \"...\"}, its kind one of: usage,
+invalid-key, no-file, not-a-file, already-open, not-a-store, corrupted, storage, refused,
+no-record, problems, damaged, output, internal.
+
+Examples of every command's output: docs/cli.md in the source repository.";
+
 #[derive(Parser)]
 #[command(
     name = "idempotency-store",
     version,
-    about = "Inspect and maintain an idempotency-store file (or PostgreSQL table: PATH = postgres://…)",
-    after_help = "Exit codes: 0 done (release answered \"no\": nothing released); 1 problems \
-                  found (verify, damaged records skipped, get: no record); 2 could not do it \
-                  (usage, missing file, already open, refused).\n\
-                  With --json, an error is one JSON line on stderr: \
-                  {\"error\": \"...\", \"kind\": \"...\"}.\n\
-                  stats, get, list, verify and export open the file read-only and never change \
-                  it; release and sweep write. The file is never created, and must not be open \
-                  in a running service. Full documentation: docs/cli.md."
+    about = "Inspect and maintain an idempotency store: a store file or a PostgreSQL table",
+    after_help = "Exit codes: 0 done; 1 done, but a problem found (verify, damaged records \
+                  skipped, get: no record); 2 could not do it. --help says more (PATH forms, \
+                  what never changes, error kinds).",
+    after_long_help = LONG_HELP
 )]
 struct Cli {
     /// Print JSON for scripts instead of tables; errors and warnings become JSON lines on
     /// stderr.
     #[arg(long, global = true)]
     json: bool,
-    /// With a `postgres://` URL as PATH: the PostgreSQL schema holding the store's table.
+    /// With a PostgreSQL connection string as PATH: the schema holding the store's table.
     #[arg(long, global = true, default_value = "public")]
     schema: String,
     #[command(subcommand)]
@@ -81,14 +112,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Count records by state (a full scan) and show the file size.
+    /// Count records by state (a full scan) and show the store's size (the file's, or on
+    /// PostgreSQL the table's).
     Stats {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
     },
     /// Show one key's record, expired or not, with its stored response.
     Get {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
         /// The idempotency key.
         key: String,
@@ -96,12 +128,13 @@ enum Command {
         #[arg(long)]
         scope: Option<String>,
     },
-    /// List records in storage order (all of them, expired ones included, unless filtered).
+    /// List records in storage order, key order on PostgreSQL (all of them, expired ones
+    /// included, unless filtered).
     ///
     /// Keys and scopes longer than 64 characters are cut to 63 and `…` in the table; `--full`
     /// (or `get`, or `--json`) shows them whole.
     List {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
         /// Only records in this state (in-progress includes stuck ones; expired ones are listed
         /// only with `expired`).
@@ -125,7 +158,7 @@ enum Command {
     /// confirmation on the terminal unless --yes; answering anything but y/yes releases
     /// nothing and exits 0.
     Release {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
         /// The idempotency key.
         key: String,
@@ -137,13 +170,15 @@ enum Command {
         yes: bool,
     },
     /// Delete every expired record and print how many were deleted.
+    ///
+    /// On a file it first looks read-only, so a file that cannot be swept is left as it was.
     Sweep {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
     },
     /// Check every invariant of the store; exit code 1 and a list if anything is wrong.
     Verify {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
     },
     /// Write every record (expired ones included) to stdout, one JSON object per line.
@@ -154,7 +189,7 @@ enum Command {
     /// progress) with status, headers [{name, value_base64}] and body_base64. Times are
     /// milliseconds since the Unix epoch; bytes are standard padded base64.
     Export {
-        /// The store file.
+        /// The store file, or a PostgreSQL connection string.
         path: PathBuf,
         /// JSON lines: the default, and the only format so far (accepted so that scripts can
         /// name it).
@@ -316,18 +351,21 @@ fn run(cli: &Cli) -> Outcome {
 // ----- commands -------------------------------------------------------------------------------
 
 fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    let store = open(path, Access::Inspect)?;
+    let store = open(path)?;
     let s: Stats = store.stats().map_err(|e| store_fail(path, &e))?;
     let total = s.in_progress + s.completed + s.expired;
+    let (size_name, size_field) = store.size_names();
     if as_json {
-        let value = json!({
+        let mut value = json!({
             "records": total,
             "in_progress": s.in_progress,
             "stuck": s.stuck,
             "completed": s.completed,
             "expired": s.expired,
-            "file_bytes": s.file_bytes,
         });
+        if let Value::Object(map) = &mut value {
+            map.insert(size_field.into(), json!(s.file_bytes));
+        }
         writeln!(out, "{value}")?;
     } else {
         let stuck = if s.stuck > 0 {
@@ -349,7 +387,7 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         ];
         table(out, &["STATE", "RECORDS", ""], &rows)?;
         if let Some(bytes) = s.file_bytes {
-            writeln!(out, "\nfile size: {} ({bytes} bytes)", human_bytes(bytes))?;
+            writeln!(out, "\n{size_name}: {} ({bytes} bytes)", human_bytes(bytes))?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -357,7 +395,7 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 
 fn get(out: &mut dyn Write, as_json: bool, path: &Path, key: &str, scope: Option<&str>) -> Outcome {
     let key = make_key(key, scope)?;
-    let store = open(path, Access::Inspect)?;
+    let store = open(path)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let Some(record) = store.inspect(&key).map_err(|e| store_fail(path, &e))? else {
         return Err(fail(
@@ -464,7 +502,7 @@ fn list(out: &mut dyn Write, as_json: bool, path: &Path, filter: Filter, full: b
             "--stuck selects in-progress records; it cannot be combined with that --state",
         ));
     }
-    let store = open(path, Access::Inspect)?;
+    let store = open(path)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let limit = limit.unwrap_or(usize::MAX);
     let mut shown = Vec::new();
@@ -574,84 +612,26 @@ fn release(
     yes: bool,
 ) -> Outcome {
     let key = make_key(key, scope)?;
-    let store = open(path, Access::Write)?;
-    let now = store.now().map_err(|e| store_fail(path, &e))?;
-    let record = store.inspect(&key).map_err(|e| store_fail(path, &e))?;
-    let Some(record) = record.filter(|r| r.expires_at > now) else {
-        return Err(fail(
-            EXIT_FAILED,
-            "no-record",
-            format!(
-                "no record for key {} (nothing to release){}",
-                shown(&key),
-                quote_hint(&store, &key, "release")
-            ),
-        ));
-    };
-    let Some(lease_until) = lease(&record) else {
-        return Err(fail(
-            EXIT_FAILED,
-            "refused",
-            format!(
-                "refusing to release key {}: it is completed and replays its response; \
-                 release only un-sticks in-progress keys",
-                shown(&key)
-            ),
-        ));
-    };
-    if !yes {
-        if !io::stdin().is_terminal() {
-            return Err(fail(
-                EXIT_FAILED,
-                "refused",
-                format!(
-                    "refusing to release key {} without confirmation: stdin is not a terminal; \
-                     check downstream, then pass --yes",
-                    shown(&key)
-                ),
-            ));
-        }
-        let holder = if lease_until > now {
-            format!(
-                "its lease is LIVE for {} more: attempt {} may still be running",
-                span(lease_until, now),
-                record.attempt
-            )
+    // Decided on a read-only look: a refusal, or a "no" at the prompt, leaves a file as it was.
+    let looked = open(path)?;
+    let now = looked.now().map_err(|e| store_fail(path, &e))?;
+    let (record, lease_until) = releasable(&looked, path, &key, now)?;
+    if !yes && !confirmed(&key, &record, lease_until, now)? {
+        // The operator's decision, not a failure.
+        if as_json {
+            let value = json!({ "released": false, "key": key.key(), "scope": key.scope() });
+            writeln!(out, "{value}")?;
         } else {
-            format!(
-                "its lease lapsed {} ago (attempt {})",
-                span(now, lease_until),
-                record.attempt
-            )
-        };
-        let mut err = io::stderr().lock();
-        write!(
-            err,
-            "Key {} is in progress; {holder}.\nReleasing deletes the record without the lease: \
-             the next retry runs the operation AGAIN.\nIf the operation (or its side effect) \
-             may have happened, it will happen twice. Check downstream first.\n\
-             Release key {}? [y/N] ",
-            shown(&key),
-            shown(&key)
-        )?;
-        err.flush()?;
-        let mut answer = String::new();
-        io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            // The operator's decision, not a failure.
-            if as_json {
-                let value = json!({ "released": false, "key": key.key(), "scope": key.scope() });
-                writeln!(out, "{value}")?;
-            } else {
-                writeln!(out, "nothing released")?;
-            }
-            return Ok(ExitCode::SUCCESS);
+            writeln!(out, "nothing released")?;
         }
+        return Ok(ExitCode::SUCCESS);
     }
-    match store
+    let store = looked.for_writing(path)?;
+    let released = store
         .force_release(&key)
-        .map_err(|e| store_fail(path, &e))?
-    {
+        .map_err(|e| store_fail(path, &e))?;
+    store.finish(path);
+    match released {
         ForceRelease::Released {
             attempt,
             lease_until,
@@ -691,8 +671,93 @@ fn release(
     }
 }
 
+/// The key's record and its lease deadline, if `release` may delete it: it exists, has not
+/// expired and is in progress.
+fn releasable(
+    store: &Target,
+    path: &Path,
+    key: &Key,
+    now: Timestamp,
+) -> Result<(RecordView, Timestamp), Fail> {
+    let record = store.inspect(key).map_err(|e| store_fail(path, &e))?;
+    let Some(record) = record.filter(|r| r.expires_at > now) else {
+        return Err(fail(
+            EXIT_FAILED,
+            "no-record",
+            format!(
+                "no record for key {} (nothing to release){}",
+                shown(key),
+                quote_hint(store, key, "release")
+            ),
+        ));
+    };
+    let Some(lease_until) = lease(&record) else {
+        return Err(fail(
+            EXIT_FAILED,
+            "refused",
+            format!(
+                "refusing to release key {}: it is completed and replays its response; \
+                 release only un-sticks in-progress keys",
+                shown(key)
+            ),
+        ));
+    };
+    Ok((record, lease_until))
+}
+
+/// Asks on the terminal whether to release the key; refuses without a terminal.
+fn confirmed(
+    key: &Key,
+    record: &RecordView,
+    lease_until: Timestamp,
+    now: Timestamp,
+) -> Result<bool, Fail> {
+    if !io::stdin().is_terminal() {
+        return Err(fail(
+            EXIT_FAILED,
+            "refused",
+            format!(
+                "refusing to release key {} without confirmation: stdin is not a terminal; \
+                 check downstream, then pass --yes",
+                shown(key)
+            ),
+        ));
+    }
+    let holder = if lease_until > now {
+        format!(
+            "its lease is LIVE for {} more: attempt {} may still be running",
+            span(lease_until, now),
+            record.attempt
+        )
+    } else {
+        format!(
+            "its lease lapsed {} ago (attempt {})",
+            span(now, lease_until),
+            record.attempt
+        )
+    };
+    let mut err = io::stderr().lock();
+    write!(
+        err,
+        "Key {} is in progress; {holder}.\nReleasing deletes the record without the lease: \
+         the next retry runs the operation AGAIN.\nIf the operation (or its side effect) \
+         may have happened, it will happen twice. Check downstream first.\n\
+         Release key {}? [y/N] ",
+        shown(key),
+        shown(key)
+    )?;
+    err.flush()?;
+    let mut answer = String::new();
+    io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
 fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    let store = open(path, Access::Write)?;
+    // A file that does not open read-only is left as it was.
+    let store = open(path)?.for_writing(path)?;
     let mut total = 0u64;
     // The bar appears only once a second batch is needed (long work), on a terminal.
     let mut bar: Option<ProgressBar> = None;
@@ -731,6 +796,7 @@ fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
             ),
         ));
     }
+    store.finish(path);
     if as_json {
         writeln!(out, "{}", json!({ "swept": total }))?;
     } else {
@@ -740,10 +806,13 @@ fn sweep(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 }
 
 fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
-    // A store that does not open as one, or a walk that meets damage, is a problem with the
-    // store (exit 1); one that cannot be looked at (already open, I/O) is not (exit 2).
-    let walked = match postgres_url(path) {
-        Some(url) => pg_store(url).and_then(|store| store.verify()),
+    // A file that does not open as a store, or a walk that meets damage, is a problem with the
+    // store (exit 1); one that cannot be looked at (already open, I/O) is not (exit 2), and
+    // neither is a PostgreSQL schema that is missing or at another migration.
+    let walked = match connection_string(path) {
+        Some(conninfo) => pg_store(conninfo)
+            .map_err(|e| store_fail(path, &e))?
+            .verify(),
         None => {
             check_exists(path)?;
             Store::builder()
@@ -795,7 +864,7 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         } else {
             writeln!(
                 out,
-                "{n} problem{} (the file cannot be walked):",
+                "{n} problem{} (the store cannot be walked):",
                 plural(n as u64)
             )?;
         }
@@ -820,7 +889,7 @@ fn verify(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
 }
 
 fn export(out: &mut dyn Write, path: &Path) -> Outcome {
-    let store = open(path, Access::Inspect)?;
+    let store = open(path)?;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let mut damaged = 0u64;
     for item in store.records().map_err(|e| store_fail(path, &e))? {
@@ -888,6 +957,48 @@ impl std::ops::Deref for Target {
 }
 
 impl Target {
+    /// The store for a command that writes, once a read-only look at it found nothing to
+    /// refuse: a file is opened again, writable; a PostgreSQL store is the same.
+    fn for_writing(self, path: &Path) -> Result<Target, Fail> {
+        match self {
+            Target::File(looked) => {
+                // The look's shared lock must go before the writable open can lock the file.
+                drop(looked);
+                Store::builder()
+                    .create_if_missing(false)
+                    // The application's effect rows in the log: kept for its next open.
+                    .keep_unregistered_effects(true)
+                    .open(path)
+                    .map(|store| Target::File(Box::new(store)))
+                    .map_err(|e| store_fail(path, &e))
+            }
+            pg @ Target::Pg(_) => Ok(pg),
+        }
+    }
+
+    /// Closes a file after a write with its last merge. That merge failing loses nothing (the
+    /// log holds every change, and the next open replays it), so it is only a warning.
+    fn finish(self, path: &Path) {
+        if let Target::File(store) = self
+            && let Err(err) = store.close()
+        {
+            warn(&format!(
+                "{}: closing the file: {} (the changes are in its log; the next open replays \
+                 them)",
+                path.display(),
+                describe(&err)
+            ));
+        }
+    }
+
+    /// What the size in `Stats::file_bytes` is called, in tables and in JSON.
+    fn size_names(&self) -> (&'static str, &'static str) {
+        match self {
+            Target::File(_) => ("file size", "file_bytes"),
+            Target::Pg(_) => ("table size", "table_bytes"),
+        }
+    }
+
     fn now(&self) -> Result<Timestamp, Error> {
         match self {
             Target::File(store) => Ok(Store::now(store)),
@@ -926,51 +1037,76 @@ impl Target {
     }
 }
 
-/// `path` as a PostgreSQL URL, if it is one.
-fn postgres_url(path: &Path) -> Option<&str> {
-    path.to_str()
-        .filter(|p| p.starts_with("postgres://") || p.starts_with("postgresql://"))
+/// libpq's connection keywords (those the `postgres` client reads, and `sslrootcert`): a
+/// PATH that starts with one of them and `=` is a key=value connection string.
+const PG_KEYWORDS: [&str; 19] = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslrootcert",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+/// `path` as a PostgreSQL connection string, if it is one: a `postgres://` or
+/// `postgresql://` URL, or key=value pairs (`host=… dbname=…`).
+fn connection_string(path: &Path) -> Option<&str> {
+    let text = path.to_str()?;
+    let url = text.starts_with("postgres://") || text.starts_with("postgresql://");
+    let pairs = text
+        .split_once('=')
+        .is_some_and(|(key, _)| PG_KEYWORDS.contains(&key.trim()));
+    (url || pairs).then_some(text)
 }
 
-fn pg_store(url: &str) -> Result<PgStore, Error> {
+/// The PostgreSQL store at `conninfo`, checked but never created or migrated: the CLI must
+/// not change a schema that older instances may still run on.
+fn pg_store(conninfo: &str) -> Result<PgStore, Error> {
     let schema = SCHEMA.get().map_or("public", String::as_str);
     PgStore::builder()
         .schema(schema)
+        .migrate(false)
         .pool_size(1)
         .connection_timeout(Duration::from_secs(10))
-        .connect(url)
+        .connect(conninfo)
 }
 
-/// What a command does with the store.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Access {
-    /// Only reads: a file is opened read-only and never changed.
-    Inspect,
-    /// Writes (`release`, `sweep`).
-    Write,
-}
-
-fn open(path: &Path, access: Access) -> Result<Target, Fail> {
-    if let Some(url) = postgres_url(path) {
-        return pg_store(url)
+/// Opens the store for a look: a file read-only, never changed. A command that writes then
+/// asks [`Target::for_writing`].
+fn open(path: &Path) -> Result<Target, Fail> {
+    if let Some(conninfo) = connection_string(path) {
+        return pg_store(conninfo)
             .map(|store| Target::Pg(Box::new(store)))
             .map_err(|e| store_fail(path, &e));
     }
     check_exists(path)?;
-    match access {
-        Access::Inspect => Store::builder().open_read_only(path),
-        Access::Write => Store::open(path),
-    }
-    .map(|store| Target::File(Box::new(store)))
-    .map_err(|e| store_fail(path, &e))
+    Store::builder()
+        .open_read_only(path)
+        .map(|store| Target::File(Box::new(store)))
+        .map_err(|e| store_fail(path, &e))
 }
 
-/// `path` for messages: a URL without its password.
+/// `path` for messages: a connection string without its password.
 fn shown_path(path: &Path) -> String {
-    let Some(url) = postgres_url(path) else {
+    let Some(conninfo) = connection_string(path) else {
         return path.display().to_string();
     };
-    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let Some((scheme, rest)) = conninfo.split_once("://") else {
+        return pairs_without_password(conninfo);
+    };
     let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
     let authority = match authority.rsplit_once('@') {
         Some((user, host)) => {
@@ -983,12 +1119,48 @@ fn shown_path(path: &Path) -> String {
     format!("{scheme}://{authority}/{tail}")
 }
 
+/// key=value pairs without the `password` pair (a value may be quoted: `'a b'`, `'it\'s'`).
+fn pairs_without_password(conninfo: &str) -> String {
+    let mut shown = Vec::new();
+    let mut rest = conninfo.trim_start();
+    while let Some((key, after)) = rest.split_once('=') {
+        let (value, tail) = pair_value(after.trim_start());
+        if key.trim() != "password" {
+            shown.push(format!("{}={value}", key.trim()));
+        }
+        rest = tail.trim_start();
+    }
+    shown.join(" ")
+}
+
+/// The value that starts `text` (quoted, or up to the next whitespace), as written, and what
+/// follows it.
+fn pair_value(text: &str) -> (&str, &str) {
+    let Some(quoted) = text.strip_prefix('\'') else {
+        return text.split_at(text.find(char::is_whitespace).unwrap_or(text.len()));
+    };
+    let mut escaped = false;
+    for (i, c) in quoted.char_indices() {
+        match c {
+            '\\' if !escaped => escaped = true,
+            '\'' if !escaped => return text.split_at(i + 2),
+            _ => escaped = false,
+        }
+    }
+    (text, "")
+}
+
 fn store_fail(path: &Path, err: &Error) -> Fail {
     let message = match err {
         Error::AlreadyOpen => format!(
             "{}: the store file is already open in another process (is the service running?); \
              stop it, or run this on a copy of the file",
             path.display()
+        ),
+        Error::NotAStore { .. } if connection_string(path).is_some() => format!(
+            "{}: {}; idempotency-store never creates or migrates a schema",
+            shown_path(path),
+            describe(err)
         ),
         other => format!("{}: {}", shown_path(path), describe(other)),
     };

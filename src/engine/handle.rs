@@ -20,8 +20,9 @@ use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
 use crate::engine::contain::{contain, contain_then};
 use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
+use crate::engine::kept::Unregistered;
 use crate::engine::meta::{
-    Counters, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
+    Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
@@ -54,9 +55,11 @@ pub(crate) struct Config {
     pub portable_log_sync: bool,
     /// The caller's tables that effects write.
     pub effects: Arc<Registry>,
-    /// Opened read-only: every write call is refused, the close merges nothing, and the log's
-    /// rows of unregistered effect tables are skipped (see `open::open_read_only`).
+    /// Opened read-only: every write call is refused and the close merges nothing (see
+    /// `open::open_read_only`).
     pub read_only: bool,
+    /// What the open does with the log's rows of effect tables not in `effects` (see `kept`).
+    pub unregistered: Unregistered,
 }
 
 pub(crate) struct Engine {
@@ -137,9 +140,10 @@ impl Engine {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
             crate::api::trace::recovered(entries.len());
-            wal::redo(&txn, entries, &config.effects, config.read_only)?;
+            let kept = wal::redo(&txn, entries, &config.effects, config.unregistered)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
+            meta.insert(META_FORMAT, if kept { KEPT_FORMAT } else { STORE_FORMAT })?;
             Writer {
                 log,
                 counters: Counters::load(&meta)?,
@@ -676,12 +680,12 @@ fn check_tables(txn: &WriteTransaction) -> Result<u64> {
             meta.insert(META_FORMAT, STORE_FORMAT)?;
             meta.insert(META_NEXT_TOKEN, 1)?;
         }
-        Some(STORE_FORMAT) => {}
+        Some(STORE_FORMAT | KEPT_FORMAT) => {}
         Some(v) => {
             return Err(Error::NotAStore {
                 reason: format!(
-                    "store format version {v} is not supported (this build reads version \
-                     {STORE_FORMAT})"
+                    "store format version {v} is not supported (this build reads versions \
+                     {STORE_FORMAT} and {KEPT_FORMAT})"
                 ),
             });
         }

@@ -15,6 +15,9 @@ pub(crate) const META_FORMAT: &str = "format_version";
 /// version byte). 2: records of format 2. 3: records filed under their key's hash, the expiry
 /// index by `(time, hash)` (see `tables`).
 pub(crate) const STORE_FORMAT: u64 = 3;
+/// Format 3 with effect rows waiting in the `kept` table for an open that registers their
+/// table: a build that knows only format 3 would never apply them, so it must refuse the file.
+pub(crate) const KEPT_FORMAT: u64 = 4;
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
 pub(crate) const META_RECORDS: &str = "record_count";

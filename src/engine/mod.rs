@@ -11,6 +11,7 @@ pub(crate) mod cow;
 pub(crate) mod effects;
 pub(crate) mod flush;
 pub(crate) mod handle;
+pub(crate) mod kept;
 pub(crate) mod layout;
 pub(crate) mod meta;
 pub(crate) mod open;

@@ -22,6 +22,7 @@ use redb::WriteTransaction;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::effects::Registry;
+use crate::engine::kept::{self, Unregistered};
 use crate::engine::layout::{Region, Storage};
 use crate::engine::meta::{Counter, META};
 use crate::engine::poison::{Io, Poison};
@@ -505,14 +506,16 @@ impl Log {
     }
 }
 
-/// Applies logged changes in `txn`, in order. Rows of effect tables not in `registry` fail
-/// with `Error::EffectTable`, or are left out with `skip_unregistered`.
+/// Applies logged changes in `txn`, in order, after the effect rows earlier opens kept. Rows
+/// of effect tables not in `registry` are handled as `unregistered` says (see `kept`).
+/// Returns whether effect rows wait in the `kept` table afterwards.
 pub(crate) fn redo(
     txn: &WriteTransaction,
     entries: Vec<Vec<Change>>,
     registry: &Registry,
-    skip_unregistered: bool,
-) -> Result<()> {
+    unregistered: Unregistered,
+) -> Result<bool> {
+    let mut effects = kept::Redo::start(txn, registry, unregistered)?;
     let mut records = txn.open_table(RECORDS)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut meta = txn.open_table(META)?;
@@ -529,18 +532,14 @@ pub(crate) fn redo(
             }
             Change::DropEntry { expires_at, hash } => drop(expiry.remove((expires_at, hash))?),
             Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
-            Change::Effect { table, key, value } => match registry.position(&table) {
-                Ok(at) => registry
-                    .table(at)?
-                    .write(txn, &[(&key, value.as_deref())])?,
-                // A read-only open cannot redo a row without its table's types; the store's
-                // own tables do not depend on it.
-                Err(_) if skip_unregistered => {}
-                Err(err) => return Err(err),
-            },
+            // Without its table's types a row cannot be redone; the store's own tables never
+            // depend on it.
+            Change::Effect { table, key, value } => {
+                effects.row(&table, &key, value.as_deref())?;
+            }
         }
     }
-    Ok(())
+    effects.finish()
 }
 
 /// Writes `data` as log entries into the log of a new store on `storage` (one whose next entry

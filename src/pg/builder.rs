@@ -8,7 +8,7 @@ use std::time::Duration;
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::conn::Manager;
-use super::migrations::migrate;
+use super::migrations::{check, migrate};
 use super::rows::{capped, pg};
 use super::sql::Sql;
 use super::{MAX_DURATION_MS, PgStore, blocking, quota, tls};
@@ -35,6 +35,7 @@ pub struct PgStoreBuilder {
     pub(super) max_bytes: Option<u64>,
     pub(super) when_full: WhenFull,
     pub(super) per_scope_quotas: bool,
+    pub(super) migrate: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -49,6 +50,7 @@ impl Default for PgStoreBuilder {
             max_bytes: None,
             when_full: WhenFull::Refuse,
             per_scope_quotas: false,
+            migrate: true,
         }
     }
 }
@@ -65,6 +67,7 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("max_bytes", &self.max_bytes)
             .field("when_full", &self.when_full)
             .field("per_scope_quotas", &self.per_scope_quotas)
+            .field("migrate", &self.migrate)
             .finish()
     }
 }
@@ -119,8 +122,8 @@ impl PgStoreBuilder {
     }
 
     /// The PostgreSQL schema holding the store's table, sequence and migrations table: a
-    /// lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes). Created if missing.
-    /// Defaults to `public`.
+    /// lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes). Created if missing
+    /// (unless [`migrate`](PgStoreBuilder::migrate) is off). Defaults to `public`.
     pub fn schema(&mut self, schema: impl Into<String>) -> &mut Self {
         self.schema = schema.into();
         self
@@ -176,6 +179,18 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether [`connect`](PgStoreBuilder::connect) creates and migrates the schema (the
+    /// default), or only checks it and changes nothing: a schema that is missing, holds no
+    /// store, or is at another migration than this build's fails with [`Error::NotAStore`]
+    /// (with a quota, so does a schema whose quota accounting is off). For tools that must not
+    /// change what they look at (the `idempotency-store` CLI: a newer CLI must not migrate a
+    /// schema that older instances still run on) and for deployments that migrate in a step
+    /// of their own. Defaults to true.
+    pub fn migrate(&mut self, migrate: bool) -> &mut Self {
+        self.migrate = migrate;
+        self
+    }
+
     fn limits(&self) -> Option<quota::Limits> {
         (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
             max_records: self.max_records,
@@ -186,8 +201,10 @@ impl PgStoreBuilder {
     }
 
     /// Connects to the database at `url` (a `postgresql://` URL or a `key=value` connection
-    /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates the schema (idempotently, under an advisory
-    /// lock, so that instances starting together do not race) and opens the connection pool.
+    /// string; TLS as its `sslmode` says, see [`PgStore`]'s TLS section), creates or migrates
+    /// the schema (idempotently, under an advisory lock, so that instances starting together do
+    /// not race; with [`migrate`](PgStoreBuilder::migrate) off, only checks it) and opens the
+    /// connection pool.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an out-of-range setting, an unparsable `url` or an
@@ -195,7 +212,8 @@ impl PgStoreBuilder {
     /// handshake or certificate check fails (the message names the `sslmode`) or the migration
     /// fails;
     /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
-    /// not create, or was migrated by a newer version of this crate.
+    /// not create, or was migrated by a newer version of this crate (with `migrate` off: or
+    /// is missing, or at an older migration).
     pub fn connect(&self, url: &str) -> Result<PgStore> {
         blocking::off_runtime(|| self.connect_here(url))
     }
@@ -218,7 +236,11 @@ impl PgStoreBuilder {
             // at once with the server's answer rather than after the pool's timeout.
             let mut client = r2d2::ManageConnection::connect(&manager.inner)
                 .map_err(|e| pg(mode.context(), e))?;
-            migrate(&mut client, &self.schema, limits.is_some())?;
+            if self.migrate {
+                migrate(&mut client, &self.schema, limits.is_some())?;
+            } else {
+                check(&mut client, &self.schema, limits.is_some())?;
+            }
         }
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)

@@ -1,4 +1,5 @@
-//! The schema's versioned migrations, applied when a store connects.
+//! The schema's versioned migrations, applied when a store connects, or only checked (see
+//! [`PgStoreBuilder::migrate`](super::PgStoreBuilder::migrate)).
 
 use ::postgres::Client;
 
@@ -168,12 +169,7 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
         .map(|row| col(row, 0))
         .collect::<Result<_>>()?;
     if let Some(newer) = applied.iter().copied().find(|&v| v > SCHEMA_VERSION) {
-        return Err(Error::NotAStore {
-            reason: format!(
-                "schema \"{schema}\" is at migration {newer}; this build knows up to \
-                 {SCHEMA_VERSION}"
-            ),
-        });
+        return Err(newer_schema(schema, newer));
     }
     for (version, description, sql) in migrations(schema) {
         if applied.contains(&version) {
@@ -204,4 +200,69 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
         quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
+}
+
+/// Checks, changing nothing, that the schema holds a store at exactly [`SCHEMA_VERSION`]
+/// (and, with `track_usage`, that quota accounting is on), for a store that connects without
+/// migrating: a missing, older or newer schema is [`Error::NotAStore`], saying what to do.
+pub(super) fn check(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
+    const CONTEXT: &str = "checking the PostgreSQL schema";
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1), \
+             to_regclass(quote_ident($1) || '.idempotency_schema_migrations') IS NOT NULL",
+            &[&schema],
+        )
+        .map_err(|e| pg(CONTEXT, e))?;
+    let not_a_store = |what: String| {
+        Err(Error::NotAStore {
+            reason: format!(
+                "{what}; nothing was created, as migrations are off (PgStoreBuilder::migrate)"
+            ),
+        })
+    };
+    if !col::<bool>(&row, 0)? {
+        return not_a_store(format!("schema \"{schema}\" does not exist"));
+    }
+    if !col::<bool>(&row, 1)? {
+        return not_a_store(format!(
+            "schema \"{schema}\" holds no idempotency store (no idempotency_schema_migrations)"
+        ));
+    }
+    let row = client
+        .query_one(
+            &format!("SELECT max(version) FROM \"{schema}\".idempotency_schema_migrations"),
+            &[],
+        )
+        .map_err(|e| pg(CONTEXT, e))?;
+    match col::<Option<i32>>(&row, 0)?.unwrap_or(0) {
+        SCHEMA_VERSION => {}
+        newer if newer > SCHEMA_VERSION => return Err(newer_schema(schema, newer)),
+        older => {
+            return Err(Error::NotAStore {
+                reason: format!(
+                    "schema \"{schema}\" is at migration {older} and this build needs \
+                     {SCHEMA_VERSION}; nothing was changed, as migrations are off \
+                     (PgStoreBuilder::migrate): use a build of the version the services run, or \
+                     let a service of this build migrate it"
+                ),
+            });
+        }
+    }
+    if track_usage && !quota::usage_tracked(client, &format!("\"{schema}\""))? {
+        return not_a_store(format!(
+            "quota accounting is off in schema \"{schema}\" (a store with a quota turns it on)"
+        ));
+    }
+    Ok(())
+}
+
+/// A schema that a newer build migrated: this build would misread it.
+fn newer_schema(schema: &str, newer: i32) -> Error {
+    Error::NotAStore {
+        reason: format!(
+            "schema \"{schema}\" is at migration {newer}; this build knows up to \
+             {SCHEMA_VERSION}: use a build at least as new as the one that migrated it"
+        ),
+    }
 }

@@ -93,7 +93,8 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// # Schema
 ///
 /// Everything lives in one PostgreSQL schema (`public` unless [`PgStoreBuilder::schema`] says
-/// otherwise), created and migrated when a store connects:
+/// otherwise), created and migrated when a store connects (unless
+/// [`PgStoreBuilder::migrate`] is off):
 ///
 /// ```sql
 /// CREATE SEQUENCE idempotency_token_seq;            -- fencing tokens

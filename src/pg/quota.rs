@@ -9,7 +9,7 @@
 //! does: expired records go first, then (if allowed) the oldest completed ones.
 
 use ::postgres::types::ToSql;
-use ::postgres::{Client, Statement, Transaction};
+use ::postgres::{Client, GenericClient, Statement, Transaction};
 
 use super::rows::{col, pg};
 use super::sql::{NOW, try_key_lock};
@@ -91,18 +91,7 @@ fn usage_objects(s: &str) -> String {
 /// meanwhile so that nothing is missed. Runs in the migration's transaction, under its lock.
 pub(crate) fn track_usage(txn: &mut Transaction<'_>, s: &str) -> Result<()> {
     const CONTEXT: &str = "turning on quota accounting";
-    let on: bool = col(
-        &txn.query_one(
-            &format!(
-                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
-                 AND tgrelid = '{s}.idempotency_keys'::regclass)"
-            ),
-            &[],
-        )
-        .map_err(|e| pg(CONTEXT, e))?,
-        0,
-    )?;
-    if on {
+    if usage_tracked(txn, s)? {
         return Ok(());
     }
     txn.batch_execute(&format!(
@@ -118,6 +107,20 @@ pub(crate) fn track_usage(txn: &mut Transaction<'_>, s: &str) -> Result<()> {
         objects = usage_objects(s),
     ))
     .map_err(|e| pg(CONTEXT, e))
+}
+
+/// Whether usage counting is on for the schema `s` (quoted): its trigger exists.
+pub(crate) fn usage_tracked(client: &mut impl GenericClient, s: &str) -> Result<bool> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
+                 AND tgrelid = '{s}.idempotency_keys'::regclass)"
+            ),
+            &[],
+        )
+        .map_err(|e| pg("checking quota accounting", e))?;
+    col(&row, 0)
 }
 
 /// The SQL of the quota statements, for one schema (`t` the table, `u` the counters).

@@ -9,6 +9,7 @@ use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::engine::batch::Quota;
 use crate::engine::effects::Registry;
 use crate::engine::handle::Config;
+use crate::engine::kept::Unregistered;
 use crate::engine::{layout, open};
 #[cfg(doc)]
 use crate::error::Error;
@@ -64,6 +65,7 @@ pub struct StoreBuilder {
     pub(crate) create_if_missing: bool,
     pub(crate) portable_log_sync: bool,
     pub(crate) effects: Registry,
+    pub(crate) keep_unregistered_effects: bool,
     pub(crate) replay_cache: usize,
 }
 
@@ -87,6 +89,7 @@ impl Default for StoreBuilder {
             create_if_missing: true,
             portable_log_sync: false,
             effects: Registry::default(),
+            keep_unregistered_effects: false,
         }
     }
 }
@@ -105,6 +108,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("create_if_missing", &self.create_if_missing)
             .field("portable_log_sync", &self.portable_log_sync)
             .field("effect_tables", &self.effects)
+            .field("keep_unregistered_effects", &self.keep_unregistered_effects)
             .field("replay_cache", &self.replay_cache)
             .finish_non_exhaustive()
     }
@@ -260,7 +264,8 @@ impl StoreBuilder {
     /// [`Store::complete_with_effects`]: they may write it, and an open replays its rows from
     /// the log after a crash, which needs its key and value types. Register every table the
     /// effects write, at every open (the same definition each time); a file whose log holds
-    /// rows of a table not registered is refused with [`Error::EffectTable`]. No tables by
+    /// rows of a table not registered is refused with [`Error::EffectTable`] (unless
+    /// [`keep_unregistered_effects`](StoreBuilder::keep_unregistered_effects)). No tables by
     /// default. Registering a name twice keeps the last.
     ///
     /// ```
@@ -275,6 +280,34 @@ impl StoreBuilder {
         table: redb::TableDefinition<'_, K, V>,
     ) -> &mut Self {
         self.effects.register(table);
+        self
+    }
+
+    /// Whether a writable open accepts a file whose log holds rows of effect tables that are
+    /// not registered, instead of refusing it with [`Error::EffectTable`]. For tools that
+    /// maintain an application's file without knowing its tables (the CLI's `sweep` and
+    /// `release`) and never write effects themselves. Defaults to false.
+    ///
+    /// The rows are not lost: the open keeps them, in the same commit that retires their log
+    /// entries, in a table of the store's own, and the next open that registers their table
+    /// applies them (before the log's newer rows), as if it had replayed them from the log.
+    /// An open that does not register it refuses the file, as it would refuse the log. While
+    /// rows wait, the file's format version is 4, so that builds from before this setting
+    /// refuse the file instead of losing them.
+    ///
+    /// ```
+    /// use idempotency_store::Store;
+    ///
+    /// let dir = tempfile::tempdir().expect("temp dir");
+    /// let path = dir.path().join("app.redb");
+    /// # Store::open(&path)?.close()?;
+    /// // An operator tool: whatever effect tables the application uses, it may sweep.
+    /// let tool = Store::builder().keep_unregistered_effects(true).open(&path)?;
+    /// tool.sweep(64)?;
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    pub fn keep_unregistered_effects(&mut self, keep: bool) -> &mut Self {
+        self.keep_unregistered_effects = keep;
         self
     }
 
@@ -319,8 +352,9 @@ impl StoreBuilder {
     /// Effect tables: rows the log holds for tables registered with
     /// [`effect_table`](StoreBuilder::effect_table) are replayed as in a writable open; rows of
     /// tables not registered are left out (their types are unknown), where a writable open
-    /// refuses the file with [`Error::EffectTable`]. The store's own records never depend on
-    /// them.
+    /// refuses the file with [`Error::EffectTable`] (or, with
+    /// [`keep_unregistered_effects`](StoreBuilder::keep_unregistered_effects), keeps them).
+    /// The store's own records never depend on them.
     ///
     /// The open takes a shared lock on the file: read-only opens may share it, but not with a
     /// writable open (on Linux, where redb's writer also locks the whole file, each makes the
@@ -356,6 +390,7 @@ impl StoreBuilder {
         let path = path.as_ref();
         let config = Config {
             read_only: true,
+            unregistered: Unregistered::Skip,
             ..self.engine_config()
         };
         let engine = open::open_read_only(path, config)?;
@@ -401,6 +436,11 @@ impl StoreBuilder {
             portable_log_sync: self.portable_log_sync,
             effects: Arc::new(self.effects.clone()),
             read_only: false,
+            unregistered: if self.keep_unregistered_effects {
+                Unregistered::Keep
+            } else {
+                Unregistered::Refuse
+            },
         }
     }
 
