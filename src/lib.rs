@@ -45,6 +45,8 @@
 //! - `payments_server`: that payments server on its own, on a file, for `curl`.
 //! - `axum_payments`: the same server on axum with the tower layer, and `GET /metrics`.
 //! - `http_one_line`: the tower layer and the synchronous `http::handle`, each in one call.
+//! - `edge_client`: an offline-first device that sends each payment exactly once through the
+//!   client outbox ([`client::Outbox`](client/struct.Outbox.html), feature `client`).
 //! - `loadtest`: throughput of this store against SQLite (and `PgStore` with `--features
 //!   postgres` and `IDEMPOTENCY_PG_URL` set).
 //!
@@ -185,6 +187,26 @@ pub use postgres;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The code blocks of `docs/store.md`, compiled and run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/store.md")]
+pub struct StoreGuide;
+
+/// The code blocks of `docs/http.md`, compiled and run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/http.md")]
+pub struct HttpGuide;
+
+/// The code blocks of `docs/client.md`, compiled and run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/client.md")]
+pub struct ClientGuide;
+
+/// The code blocks of `docs/operations.md`, compiled and run as doc tests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+pub struct OperationsGuide;
 
 // Entry points of the fuzz targets and hooks of the test suite: internal, see Cargo.toml.
 #[cfg(feature = "__test-hooks")]

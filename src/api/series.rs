@@ -1,5 +1,5 @@
 //! The series the stores publish through the `metrics` facade (feature `metrics`), named in
-//! the README's "Metrics" section. Every combination of name, `backend` and label value is a
+//! `docs/operations.md`, "Metrics". Every combination of name, `backend` and label value is a
 //! static here, built at compile time, so publishing one allocates nothing and hashes nothing
 //! (see `publish`). Without the feature a series is an empty value and the names are unused.
 

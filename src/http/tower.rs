@@ -20,8 +20,9 @@
 //!   handed to the inner service as one chunk. Requests that are not covered are not touched.
 //! - Every store call that can block (claim, `claim_wait` when [`wait`](HandleOptions::wait)
 //!   is set, heartbeat, complete, release, the store's time) runs in
-//!   [`tokio::task::spawn_blocking`]: nothing blocks an async worker thread, with the embedded
-//!   `Store` and with `PgStore`'s synchronous client alike. The layer needs a tokio runtime.
+//!   [`tokio::task::spawn_blocking`](https://docs.rs/tokio/1/tokio/task/fn.spawn_blocking.html):
+//!   nothing blocks an async worker thread, with the embedded `Store` and with `PgStore`'s
+//!   synchronous client alike. The layer needs a tokio runtime.
 //!   One call runs on the async thread first:
 //!   [`IdempotencyStore::cached_replay`], which
 //!   answers a retry of a key the store has replayed before from memory (no I/O, one short
@@ -32,7 +33,7 @@
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
 //! - The response body is read whole before it is stored. A body that fails to stream, like
 //!   one larger than the store's `max_response_bytes`, is replaced by a stored 500
-//!   ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that every retry
+//!   ([`problem_type::NOT_STORED`]) that every retry
 //!   replays: the inner service ran, so it must not run again for the key. A warning goes
 //!   to `tracing` (feature `tracing`) and the error to [`on_error`](HandleOptions::on_error).
 //!
@@ -95,7 +96,8 @@ use super::{Problem, problem_type};
 use crate::api::backend::IdempotencyStore;
 use crate::api::outcome::{Claim, Lease};
 
-/// A [`tower::Layer`] that makes the services it wraps idempotent; see the module docs.
+/// A [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) that makes the services
+/// it wraps idempotent; see the module docs.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     store: Arc<dyn IdempotencyStore>,

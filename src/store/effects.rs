@@ -193,9 +193,9 @@ impl Store {
     /// idempotency record, or the reverse.
     ///
     /// `effect` receives the write transaction; open your own tables in it (the
-    /// [`redb`] crate is re-exported so the versions match). It runs only if the lease still
-    /// holds the key. If it returns `Err`, nothing of it and no response is written, the lease
-    /// still holds, and the error comes back as `Ok(Err(e))`.
+    /// [`redb`](https://docs.rs/redb/4) crate is re-exported so the versions match). It runs
+    /// only if the lease still holds the key. If it returns `Err`, nothing of it and no
+    /// response is written, the lease still holds, and the error comes back as `Ok(Err(e))`.
     ///
     /// `effect` runs while this thread holds the store's writer: a store call from inside it
     /// that writes or needs the writer (an acquiring `claim`, `complete`, `release`,
