@@ -12,7 +12,7 @@
 //! picks a free one), `--wait-ms MS` (how long a duplicate of a request in flight waits; 0
 //! answers 409 at once), `--lease-ms MS`, `--delay-ms MS` (simulated card-network latency), as
 //! `payments_server` takes them. It prints `listening on http://ADDR` once it serves. `GET /metrics` answers the store's metrics in the
-//! Prometheus text format (README, "Metrics").
+//! Prometheus text format (docs/operations.md, "Metrics").
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -132,7 +132,7 @@ async fn drop_answer(
     response
 }
 
-/// `GET /metrics`: the store's metrics (README, "Metrics") in the Prometheus text format.
+/// `GET /metrics`: the store's metrics (docs/operations.md, "Metrics") in the Prometheus text format.
 fn metrics_route(store: Arc<Store>) -> Result<Router, BoxError> {
     let prometheus = server::install_prometheus()?;
     let render = move || {

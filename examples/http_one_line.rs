@@ -35,9 +35,12 @@ async fn layer_form(listener: tokio::net::TcpListener) -> Result<(), BoxError> {
 
 // ---- README: the sync handle
 fn sync_form(store: &Store, request: http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
-    let options = HandleOptions::new(); // POST/PATCH need a key; 409 at once; every answer final
-    handle(store, request, &options, |_lease, request| {
-        charge(request.body()) // runs once per key; retries get the stored answer
+    let options = HandleOptions::new(); // covers POST and PATCH; 409 at once; every answer final
+    handle(store, request, &options, |lease, request| match lease {
+        // POST or PATCH with its key claimed: runs once per key, retries get the stored answer.
+        Some(_lease) => charge(request.body()),
+        // GET, PUT, DELETE, …: not covered, so no key, no store, and it runs every time.
+        None => http::Response::new(b"[]".to_vec()),
     })
 }
 

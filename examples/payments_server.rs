@@ -16,7 +16,7 @@
 //! It prints `listening on http://ADDR` once it serves. Kill it with `kill -9` at any moment
 //! and start it again on the same file: every retry gets the first answer, and the ledger
 //! holds one charge per key. `GET /metrics` answers the store's metrics in the Prometheus text
-//! format (README, "Metrics").
+//! format (docs/operations.md, "Metrics").
 
 use std::io::Write;
 use std::process::ExitCode;

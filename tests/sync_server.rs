@@ -114,9 +114,15 @@ fn closed(conn: &mut BufReader<TcpStream>) -> bool {
 const TRICKLE: &[u8] = b"POST /payments HTTP/1.1\r\nHost: x\r\nX-Slow: \
     aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
-/// How long each trickler waited, from its connect, to find its connection closed.
-fn trickle(conns: Vec<TcpStream>, every: Duration, give_up: Duration) -> Vec<Option<Duration>> {
-    let started = Instant::now();
+/// How long each trickler waited, from `started` (taken before the first connect, so that a
+/// thread that starts late on a busy machine does not shorten the figure), to find its
+/// connection closed.
+fn trickle(
+    conns: Vec<TcpStream>,
+    started: Instant,
+    every: Duration,
+    give_up: Duration,
+) -> Vec<Option<Duration>> {
     let mut cut = vec![None; conns.len()];
     for conn in &conns {
         conn.set_nonblocking(true).expect("nonblocking");
@@ -157,11 +163,13 @@ fn slow_and_silent_clients_neither_delay_a_normal_request_nor_stay_connected() {
     let silent: Vec<TcpStream> = (0..70)
         .map(|_| TcpStream::connect(addr).expect("connect"))
         .collect();
+    let connecting = Instant::now();
     let tricklers: Vec<TcpStream> = (0..70)
         .map(|_| TcpStream::connect(addr).expect("connect"))
         .collect();
-    let trickling =
-        std::thread::spawn(move || trickle(tricklers, Duration::from_millis(150), limit * 3));
+    let trickling = std::thread::spawn(move || {
+        trickle(tricklers, connecting, Duration::from_millis(150), limit * 3)
+    });
     std::thread::sleep(Duration::from_millis(500));
 
     let http = Client::new(addr).with_timeout(Duration::from_secs(5));

@@ -58,6 +58,8 @@
 //! | key reused with another request | 422 | | [`decide`], [`Problem::mismatch`] |
 //! | first request still in flight | 409 | `Retry-After` | [`decide`], [`Problem::in_progress`] |
 //! | store full ([`Error::QuotaExceeded`]) | 503 | `Retry-After` | [`Problem::from_error`] |
+//! | store unreachable ([`Error::Storage`]), or the tower layer overloaded | 503 | `Retry-After: 1` | [`Problem::from_error`], [`Problem::unavailable`], [`Problem::overloaded`] |
+//! | handler's answer too large to store, or unreadable | 500, stored and replayed | | [`handle`], the tower layer |
 //! | completed earlier | stored status | `Idempotent-Replayed: true` | [`decide`], [`replay`] |
 //!
 //! 400, 409 and 422 are the IETF draft's (`draft-ietf-httpapi-idempotency-key-header`);
@@ -111,6 +113,19 @@
 //!
 //! 400 ([`problem_type::INVALID_BODY`]): the body of an idempotent request could not be read
 //! to the end (the tower layer); send it again.
+//!
+//! ## Unavailable
+//!
+//! 503 ([`problem_type::UNAVAILABLE`]), with `Retry-After: 1`: the server could not reach its
+//! store (the call was made once more first if its outcome was unknown), or the tower layer
+//! is overloaded and did not take the request. Retry with the same key to get the outcome.
+//!
+//! ## Response not stored
+//!
+//! 500 ([`problem_type::NOT_STORED`]), stored under the key and replayed to every retry: the
+//! request was carried out, but its answer could not be stored (larger than the store's
+//! `max_response_bytes`, or its body failed while it was read). It is not carried out again
+//! for this key; the server's operator can tell its outcome.
 //!
 //! # Conversion failures
 //!
