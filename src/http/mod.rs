@@ -214,7 +214,8 @@ pub mod problem_type {
     /// 500, stored and replayed: the request was carried out but its response could not be
     /// stored (larger than `max_response_bytes`, or unreadable); it is not carried out again
     /// for the key.
-    pub const NOT_STORED: &str = crate::api::response::NOT_STORED_TYPE;
+    pub const NOT_STORED: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#response-not-stored";
 
     #[cfg(test)]
     pub(super) const ALL: [&str; 10] = [
@@ -1005,6 +1006,14 @@ mod tests {
             assert_problem(&answer, 409, problem_type::IN_PROGRESS);
             assert_eq!(retry_after(&answer), Some(seconds), "{lease_until} - {now}");
         }
+    }
+
+    #[test]
+    fn the_substitute_answer_names_the_not_stored_problem() {
+        // `Response::not_stored` lives below this layer and spells the URI itself.
+        assert_eq!(problem_type::NOT_STORED, crate::api::response::NOT_STORED_TYPE);
+        let body = Response::not_stored(2, 1).body;
+        assert_eq!(json(&body)["type"], problem_type::NOT_STORED);
     }
 
     #[test]
