@@ -1011,7 +1011,10 @@ mod tests {
     #[test]
     fn the_substitute_answer_names_the_not_stored_problem() {
         // `Response::not_stored` lives below this layer and spells the URI itself.
-        assert_eq!(problem_type::NOT_STORED, crate::api::response::NOT_STORED_TYPE);
+        assert_eq!(
+            problem_type::NOT_STORED,
+            crate::api::response::NOT_STORED_TYPE
+        );
         let body = Response::not_stored(2, 1).body;
         assert_eq!(json(&body)["type"], problem_type::NOT_STORED);
     }
