@@ -118,8 +118,10 @@ const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // No signal handling: serve until killed.
         return std::future::pending().await;
     };
