@@ -17,7 +17,7 @@ use idempotency_store::http::problem_type;
 const PREFIX: &str = "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
 
 /// Every constant of `problem_type`, by name.
-const CONSTANTS: [(&str, &str); 10] = [
+const CONSTANTS: [(&str, &str); 11] = [
     ("MISSING_KEY", problem_type::MISSING_KEY),
     ("INVALID_KEY", problem_type::INVALID_KEY),
     ("KEY_REUSED", problem_type::KEY_REUSED),
@@ -28,6 +28,7 @@ const CONSTANTS: [(&str, &str); 10] = [
     ("INVALID_BODY", problem_type::INVALID_BODY),
     ("UNAVAILABLE", problem_type::UNAVAILABLE),
     ("NOT_STORED", problem_type::NOT_STORED),
+    ("OUTCOME_UNKNOWN", problem_type::OUTCOME_UNKNOWN),
 ];
 
 /// The directory holding this test's binary's `debug/deps` (or `release/deps`): the target
