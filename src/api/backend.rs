@@ -257,7 +257,16 @@ where
         }
         Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
     };
-    match operation(&mut lease) {
+    // A live operation keeps its key, however long it runs: only a dead one's lease lapses.
+    let now = store.now().unwrap_or_else(|_| {
+        use crate::api::clock::Clock;
+        crate::api::clock::SystemClock.now()
+    });
+    let period = crate::api::heartbeat::period(&lease, now);
+    let twin = lease.twin();
+    let done =
+        crate::api::heartbeat::run_beating(store, twin, period, &|| {}, || operation(&mut lease));
+    match done {
         Ok(response) => store_answer(store, &lease, response).map(Outcome::Executed),
         Err(err) => match once_more(|| store.release(&lease)) {
             Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),

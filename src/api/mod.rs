@@ -5,6 +5,7 @@
 pub(crate) mod backend;
 pub(crate) mod clock;
 pub(crate) mod fingerprint;
+pub(crate) mod heartbeat;
 pub(crate) mod key;
 pub(crate) mod metrics;
 pub(crate) mod outcome;

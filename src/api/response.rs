@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// Deliberately not `#[non_exhaustive]`: it is plain data that callers build with a literal as
 /// often as with [`new`](Response::new), and its fields are part of the stored record format,
 /// so a new field would need a new record format (and a major version) in any case.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Response {
     /// The HTTP status code (or any application status).
     pub status: u16,
@@ -17,6 +17,44 @@ pub struct Response {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body bytes.
     pub body: Vec<u8>,
+}
+
+/// Readable in logs: header values and the body as text where they are UTF-8, as escaped
+/// bytes (`b"\xff..."`) where they are not; a long body is cut after 1 KiB.
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<_> = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name, Bytes(value)))
+            .collect();
+        f.debug_struct("Response")
+            .field("status", &self.status)
+            .field("headers", &headers)
+            .field("body", &Bytes(&self.body))
+            .finish()
+    }
+}
+
+/// Bytes shown as a string where they are UTF-8, else escaped, at most [`Bytes::SHOWN`].
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    const SHOWN: usize = 1024;
+}
+
+impl std::fmt::Debug for Bytes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = &self.0[..self.0.len().min(Bytes::SHOWN)];
+        match std::str::from_utf8(shown) {
+            Ok(text) => write!(f, "{text:?}")?,
+            Err(_) => write!(f, "b\"{}\"", shown.escape_ascii())?,
+        }
+        if shown.len() < self.0.len() {
+            write!(f, " (+{} bytes)", self.0.len() - shown.len())?;
+        }
+        Ok(())
+    }
 }
 
 impl Response {
@@ -80,3 +118,24 @@ pub(crate) fn too_large(size: usize, limit: usize) -> String {
 /// The `type` of [`Response::not_stored`]'s problem.
 pub(crate) const NOT_STORED_TYPE: &str =
     "https://docs.rs/idempotency-store/latest/idempotency_store/http/#response-not-stored";
+
+#[cfg(test)]
+mod tests {
+    use super::Response;
+
+    #[test]
+    fn debug_shows_text_as_text_and_other_bytes_escaped() {
+        let response = Response::new(201, r#"{"id":"pay_1"}"#)
+            .with_header("content-type", "application/json")
+            .with_header("x-raw", vec![0xff, b'a']);
+        let shown = format!("{response:?}");
+        assert!(shown.contains(r#"body: "{\"id\":\"pay_1\"}""#), "{shown}");
+        assert!(
+            shown.contains(r#"("content-type", "application/json")"#),
+            "{shown}"
+        );
+        assert!(shown.contains(r#"("x-raw", b"\xffa")"#), "{shown}");
+        let long = format!("{:?}", Response::new(200, vec![b'x'; 1500]));
+        assert!(long.ends_with("(+476 bytes) }"), "{long}");
+    }
+}

@@ -32,7 +32,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             retention: Duration::from_secs(24 * 3600),
-            lease: Duration::from_secs(60),
+            lease: Duration::from_secs(10),
             max_key_len: MAX_KEY_LEN,
             max_response_bytes: 1 << 20,
             trace_keys: false,
@@ -57,7 +57,9 @@ impl Settings {
     }
 
     /// How long a claim holds the key before another caller may take it over (the holder may
-    /// have crashed); `heartbeat` extends it. Default: 60 seconds.
+    /// have crashed); `heartbeat` extends it. Default: 10 seconds, so that a key whose holder
+    /// crashed is free again within 10 s; a live operation keeps its key by heartbeating
+    /// (`execute`, `http::handle` and the tower layer do it every third of the lease).
     #[must_use]
     pub fn lease(&self) -> Duration {
         self.lease

@@ -1,15 +1,18 @@
 //! The tower layer's admission: a bound on the claims it keeps on tokio's blocking pool, and
 //! the keys its own requests hold, so that a duplicate waits for the holder's answer on the
-//! runtime's timer instead of on a blocking thread.
+//! runtime's timer instead of on a blocking thread, and a shutdown can settle every holder.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::AbortHandle;
 
 use crate::api::key::Key;
+use crate::api::outcome::Lease;
 
 /// The default [`IdempotencyLayer::max_blocking`](super::tower::IdempotencyLayer::max_blocking).
 pub const DEFAULT_MAX_BLOCKING: usize = 64;
@@ -25,11 +28,21 @@ pub(crate) struct Admission {
     /// The keys this layer's requests hold, each with the sender its waiters watch; the
     /// sender is dropped when the holder has settled (or given up) the key.
     held: Mutex<HashMap<Key, Holder>>,
+    /// Set by a drain: no new claims.
+    draining: AtomicBool,
+    /// Notified whenever a holder lets go, for a drain waiting for none to be left.
+    let_go: Notify,
 }
 
-struct Holder {
+/// One of this layer's holders of a key.
+pub(crate) struct Holder {
     token: u64,
     settled: watch::Sender<()>,
+    started: Instant,
+    /// A twin of the holder's lease, for a drain that must release it.
+    pub(crate) lease: Lease,
+    /// The task that runs the holder's handler, for a drain that must stop it.
+    pub(crate) task: Option<AbortHandle>,
 }
 
 impl Admission {
@@ -40,6 +53,8 @@ impl Admission {
             max_blocking,
             queue_timeout,
             held: Mutex::default(),
+            draining: AtomicBool::new(false),
+            let_go: Notify::new(),
         }
     }
 
@@ -54,17 +69,30 @@ impl Admission {
         }
     }
 
-    /// Records that this layer's request holds `key` with the lease `token` until the
-    /// returned guard drops.
-    pub(crate) fn hold(self: &Arc<Self>, key: &Key, token: u64) -> Holding {
+    /// Records that this layer's request holds `lease`'s key until the returned guard drops.
+    pub(crate) fn hold(self: &Arc<Self>, lease: &Lease) -> Holding {
         let (settled, _) = watch::channel(());
-        self.held
-            .lock()
-            .insert(key.clone(), Holder { token, settled });
+        let holder = Holder {
+            token: lease.token(),
+            settled,
+            started: Instant::now(),
+            lease: lease.twin(),
+            task: None,
+        };
+        self.held.lock().insert(lease.key().clone(), holder);
         Holding {
             admission: Arc::clone(self),
-            key: key.clone(),
-            token,
+            key: lease.key().clone(),
+            token: lease.token(),
+        }
+    }
+
+    /// Records the task that runs the holder of `key` with lease `token`.
+    pub(crate) fn running(&self, key: &Key, token: u64, task: AbortHandle) {
+        if let Some(holder) = self.held.lock().get_mut(key)
+            && holder.token == token
+        {
+            holder.task = Some(task);
         }
     }
 
@@ -73,10 +101,45 @@ impl Admission {
     pub(crate) fn watch(&self, key: &Key) -> Option<watch::Receiver<()>> {
         self.held.lock().get(key).map(|h| h.settled.subscribe())
     }
+
+    /// How long this layer's holder of `key` has run, if this layer holds it.
+    pub(crate) fn held_for(&self, key: &Key) -> Option<Duration> {
+        self.held.lock().get(key).map(|h| h.started.elapsed())
+    }
+
+    /// Whether a drain has begun: new claims are refused.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Refuses new claims from now on; the number of holders in flight.
+    pub(crate) fn begin_drain(&self) -> usize {
+        self.draining.store(true, Ordering::SeqCst);
+        self.held.lock().len()
+    }
+
+    /// Ends when no holder is left.
+    pub(crate) async fn idle(&self) {
+        loop {
+            // Made before the check, so that a holder letting go in between still wakes it.
+            let let_go = self.let_go.notified();
+            if self.held.lock().is_empty() {
+                return;
+            }
+            let_go.await;
+        }
+    }
+
+    /// Takes every holder left, so that a drain can stop and settle them.
+    pub(crate) fn take_holders(&self) -> Vec<Holder> {
+        let taken: Vec<Holder> = self.held.lock().drain().map(|(_, h)| h).collect();
+        self.let_go.notify_waiters();
+        taken
+    }
 }
 
-/// A request's hold on a key; dropping it (after the settling call, or with the request's
-/// future) wakes the key's waiters.
+/// A request's hold on a key; dropping it (after the settling call, or with the holder's
+/// task) wakes the key's waiters.
 pub(crate) struct Holding {
     admission: Arc<Admission>,
     key: Key,
@@ -90,5 +153,7 @@ impl Drop for Holding {
         if held.get(&self.key).is_some_and(|h| h.token == self.token) {
             held.remove(&self.key);
         }
+        drop(held);
+        self.admission.let_go.notify_waiters();
     }
 }

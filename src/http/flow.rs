@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use ::http::{HeaderMap, Method, StatusCode};
+use ::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
-use super::options::{HandleOptions, Release};
+use super::options::{HandleOptions, Release, Takeover};
+use super::prefer::PREFERENCE_APPLIED;
 use super::view::RequestView;
 use super::{
     IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay, to_http,
@@ -58,14 +59,33 @@ pub(crate) fn screen(options: &HandleOptions, method: &Method, headers: &HeaderM
 }
 
 /// 413 for a body over the limit.
-pub(crate) fn too_large(max: usize) -> Answer {
-    Problem::new(
+pub(crate) fn too_large(options: &HandleOptions, max: usize) -> Answer {
+    options.answer(&Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         problem_type::TOO_LARGE,
         "Request body too large",
         format!("The body of an idempotent request may have at most {max} bytes."),
-    )
-    .to_http()
+    ))
+}
+
+/// Adds what every answer to a covered request carries: the request's `Idempotency-Key` as
+/// sent (see [`HandleOptions::echo_key`]) and the `Preference-Applied` of its wait.
+pub(crate) fn finish(
+    options: &HandleOptions,
+    request: &HeaderMap,
+    applied: Option<HeaderValue>,
+    mut answer: Answer,
+) -> Answer {
+    let headers = answer.headers_mut();
+    if options.echo_key
+        && let Some(key) = request.get(IDEMPOTENCY_KEY)
+    {
+        headers.insert(IDEMPOTENCY_KEY, key.clone());
+    }
+    if let Some(applied) = applied {
+        headers.insert(PREFERENCE_APPLIED, applied);
+    }
+    answer
 }
 
 /// The key (400 if it is missing or malformed, 500 for a bad scope) and the fingerprints.
@@ -74,14 +94,14 @@ pub(crate) fn ticket(
     request: &RequestView<'_>,
 ) -> Result<Ticket, Box<Answer>> {
     if request.body.len() > options.max_body {
-        return Err(Box::new(too_large(options.max_body)));
+        return Err(Box::new(too_large(options, options.max_body)));
     }
     let scope = options.scope.as_ref().and_then(|scope| scope(request));
     let key = key_from_headers(request.headers, scope.as_deref()).map_err(|err| {
         if let KeyError::InvalidScope { .. } = err {
             options.report(&err);
         }
-        Box::new(err.problem().to_http())
+        Box::new(options.answer(&err.problem()))
     })?;
     Ok(Ticket {
         key,
@@ -107,19 +127,19 @@ pub(crate) fn claim_now<S: IdempotencyStore + ?Sized>(
     with_previous(ticket, attempt)
 }
 
-/// The sync flow's claim: [`claim_now`], then, for a key in flight, `claim_wait` up to the
-/// options' bound, which holds the calling thread while it waits. Blocks.
+/// The sync flow's claim: [`claim_now`], then, for a key in flight, `claim_wait` up to
+/// `wait`, which holds the calling thread while it waits. Blocks.
 pub(crate) fn claim<S: IdempotencyStore + ?Sized>(
     store: &S,
-    options: &HandleOptions,
     ticket: &Ticket,
+    wait: Duration,
 ) -> crate::error::Result<Claim> {
     let claim = claim_now(store, ticket)?;
-    if options.wait.is_zero() || !matches!(claim, Claim::InProgress { .. }) {
+    if wait.is_zero() || !matches!(claim, Claim::InProgress { .. }) {
         return Ok(claim);
     }
     with_previous(ticket, |fingerprint| {
-        once_more(|| store.claim_wait(&ticket.key, fingerprint, options.wait))
+        once_more(|| store.claim_wait(&ticket.key, fingerprint, wait))
     })
 }
 
@@ -144,38 +164,43 @@ pub(crate) fn cached_replay<S: IdempotencyStore + ?Sized>(
     ticket: &Ticket,
 ) -> Option<Answer> {
     let replay = store.cached_replay(&ticket.key, ticket.fingerprint)?;
-    match decide(store, options, ticket, Ok(Claim::Completed(replay))) {
+    match decide(store, options, ticket, Ok(Claim::Completed(replay)), None) {
         Decided::Answer(answer) => Some(answer),
         Decided::Run(_) => None,
     }
 }
 
-/// Maps the claim to the handler's run, a replay, 409 or 422. Blocks (for the store's time
-/// on a 409).
+/// Maps the claim to the handler's run, a replay, 409 or 422; `held_for` is how long the
+/// holder of a key in flight has run, where this process knows it. Blocks (for the store's
+/// time on a 409, and to store the answer of a takeover that must not run again).
 pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
     ticket: &Ticket,
     claim: crate::error::Result<Claim>,
+    held_for: Option<Duration>,
 ) -> Decided {
     let claim = match claim {
         Ok(claim) => claim,
         Err(err) => return Decided::Answer(failed(options, &err)),
     };
     Decided::Answer(match claim {
+        Claim::Acquired(lease)
+            if lease.attempt() > 1 && options.takeover == Takeover::AnswerUnknown =>
+        {
+            outcome_unknown(store, options, &lease)
+        }
         Claim::Acquired(lease) => return Decided::Run(lease),
         Claim::Completed(stored) => replay(stored.response).unwrap_or_else(|err| {
             options.report(&err);
-            Problem::internal().to_http()
+            options.answer(&Problem::internal())
         }),
         Claim::InProgress { lease_until, .. } => {
             let now = now(store);
             let seconds = options
                 .durations
-                .retry_after(&ticket.route, lease_until, now);
-            Problem::in_progress(lease_until, now)
-                .with_retry_after(seconds)
-                .to_http()
+                .retry_after(&ticket.route, lease_until, now, held_for);
+            options.answer(&Problem::in_progress(lease_until, now).with_retry_after(seconds))
         }
         Claim::Mismatch { stored } if stored.version() != ticket.fingerprint.version() => {
             let mut problem = Problem::mismatch();
@@ -186,10 +211,36 @@ pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
                 stored.version(),
                 ticket.fingerprint.version()
             );
-            problem.to_http()
+            options.answer(&problem)
         }
-        Claim::Mismatch { .. } => Problem::mismatch().to_http(),
+        Claim::Mismatch { .. } => options.answer(&Problem::mismatch()),
     })
+}
+
+/// Settles the key of an attempt that was stopped before it finished (a drain at
+/// shutdown): released, so that the retry runs afresh, or under
+/// [`Takeover::AnswerUnknown`] completed with the "outcome unknown" answer. Blocks.
+pub(crate) fn abandon<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+) -> crate::error::Result<()> {
+    if options.takeover == Takeover::AnswerUnknown {
+        let stored = from_http(options.answer(&Problem::outcome_unknown(lease.attempt())));
+        return once_more(|| store.complete(lease, stored.clone()));
+    }
+    once_more(|| store.release(lease))
+}
+
+/// A takeover under [`Takeover::AnswerUnknown`]: the earlier attempt may have half
+/// happened, so this one stores and replays an "outcome unknown" 500 instead of running.
+fn outcome_unknown<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+) -> Answer {
+    let problem = Problem::outcome_unknown(lease.attempt() - 1);
+    store_answer(store, options, lease, &problem, &::http::Extensions::new())
 }
 
 /// The store's time, or the system's if the store cannot tell.
@@ -205,7 +256,7 @@ pub(crate) fn heartbeat_period<S: IdempotencyStore + ?Sized>(
 ) -> Option<Duration> {
     options
         .heartbeat
-        .then(|| super::heartbeat::period(lease, now(store)))
+        .then(|| crate::api::heartbeat::period(lease, now(store)))
 }
 
 /// Stores or releases what the handler returned and gives the client's answer. A settling
@@ -242,7 +293,7 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
             if let Err(err) = once_more(|| store.release(lease)) {
                 options.report(&err);
             }
-            Problem::internal().to_http()
+            options.answer(&Problem::internal())
         }
         Err(err @ Error::ResponseTooLarge { size, limit }) => {
             options.report(&err);
@@ -280,12 +331,38 @@ pub(crate) fn substitute<S: IdempotencyStore + ?Sized>(
     extensions: &::http::Extensions,
 ) -> Answer {
     crate::api::trace::answer_not_stored(&why);
-    let substitute = Response::not_stored_because(why);
-    match complete(store, options, lease, substitute.clone(), extensions) {
-        Ok(Ok(())) => to_http(substitute).unwrap_or_else(|_| Problem::internal().to_http()),
+    if options.render.is_none() {
+        let substitute = Response::not_stored_because(why);
+        return store_response(store, options, lease, substitute, extensions);
+    }
+    store_answer(store, options, lease, &Problem::not_stored(why), extensions)
+}
+
+/// Stores `problem`, as the options render it, as the lease's final answer. Blocks.
+fn store_answer<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+    problem: &Problem,
+    extensions: &::http::Extensions,
+) -> Answer {
+    let stored = from_http(options.answer(problem));
+    store_response(store, options, lease, stored, extensions)
+}
+
+/// Stores `stored` as the lease's final answer and gives it to the client. Blocks.
+fn store_response<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+    stored: Response,
+    extensions: &::http::Extensions,
+) -> Answer {
+    match complete(store, options, lease, stored.clone(), extensions) {
+        Ok(Ok(())) => to_http(stored).unwrap_or_else(|_| options.answer(&Problem::internal())),
         Ok(Err(err)) => {
             options.report(&*err);
-            Problem::internal().to_http()
+            options.answer(&Problem::internal())
         }
         Err(err) => failed(options, &err),
     }
@@ -294,5 +371,5 @@ pub(crate) fn substitute<S: IdempotencyStore + ?Sized>(
 /// The answer for a store error, reported first.
 pub(crate) fn failed(options: &HandleOptions, err: &Error) -> Answer {
     options.report(err);
-    Problem::from_error(err).to_http()
+    options.answer(&Problem::from_error(err))
 }

@@ -5,10 +5,12 @@ use std::time::Instant;
 use ::http::{Request, Response};
 
 use super::flow::{self, Decided, Screen};
-use super::heartbeat::{self, LeaseWatch};
+use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
+use super::prefer;
 use super::view::RequestView;
 use crate::api::backend::IdempotencyStore;
+use crate::api::heartbeat;
 use crate::api::outcome::Lease;
 
 /// Runs `handler` at most once per idempotency key and answers every retry with its answer.
@@ -81,8 +83,15 @@ use crate::api::outcome::Lease;
 /// `claim_wait` on the calling thread: with a server of N threads, N duplicates waiting on a
 /// key leave none for other requests until they are answered (at most `wait` later). The
 /// holder is never starved: its handler already has its thread, and its heartbeat runs on a
-/// thread of its own. Keep `wait` short (or zero, the default: 409 at once) on a server
-/// with a small pool; the tower layer waits without a thread.
+/// thread of its own. Keep `wait` short (the default is 500 ms; zero answers 409 at once) on
+/// a server with a small pool; the tower layer waits without a thread. A client may ask for
+/// another bound with `Prefer: wait=N` (capped by [`max_wait`](HandleOptions::max_wait)).
+///
+/// # When the client goes away
+///
+/// The handler keeps its thread whatever the connection does: a client that times out or
+/// hangs up does not stop it, its answer is stored, and the client's retry gets it (at once,
+/// or after waiting for it up to the wait bound).
 ///
 /// # An answer that cannot be stored
 ///
@@ -126,24 +135,29 @@ where
     if let Screen::Pass = flow::screen(options, request.method(), request.headers()) {
         return handler(None, &request);
     }
+    let wait = prefer::wait(options, request.headers());
+    let finish = |answer| flow::finish(options, request.headers(), wait.applied.clone(), answer);
     let ticket = match flow::ticket(options, &RequestView::of(&request)) {
         Ok(ticket) => ticket,
-        Err(answer) => return *answer,
+        Err(answer) => return finish(*answer),
     };
-    let claim = flow::claim(store, options, &ticket);
-    let mut lease = match flow::decide(store, options, &ticket, claim) {
+    let claim = flow::claim(store, &ticket, wait.bound);
+    let mut lease = match flow::decide(store, options, &ticket, claim, None) {
         Decided::Run(lease) => lease,
-        Decided::Answer(answer) => return answer,
+        Decided::Answer(answer) => return finish(answer),
     };
     let watch = LeaseWatch::new(&lease);
     request.extensions_mut().insert(watch.clone());
     let period = flow::heartbeat_period(store, options, &lease);
     let started = Instant::now();
     let response = match period {
-        Some(period) => heartbeat::run_beating(store, lease.twin(), period, &watch, || {
-            handler(Some(&mut lease), &request)
-        }),
+        Some(period) => {
+            heartbeat::run_beating(store, lease.twin(), period, &|| watch.mark_lost(), || {
+                handler(Some(&mut lease), &request)
+            })
+        }
         None => handler(Some(&mut lease), &request),
     };
-    flow::settle(store, options, &ticket, &lease, response, started)
+    let answer = flow::settle(store, options, &ticket, &lease, response, started);
+    flow::finish(options, request.headers(), wait.applied, answer)
 }

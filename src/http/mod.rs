@@ -127,6 +127,14 @@
 //! `max_response_bytes`, or its body failed while it was read). It is not carried out again
 //! for this key; the server's operator can tell its outcome.
 //!
+//! ## Outcome unknown
+//!
+//! 500 ([`problem_type::OUTCOME_UNKNOWN`]), stored under the key and replayed to every retry,
+//! only with [`Takeover::AnswerUnknown`]: an earlier attempt of this request died before it
+//! settled (its server crashed, or its lease lapsed), and the handler cannot reconcile an
+//! attempt that may have half happened, so it is not run again for this key. The server's
+//! operator can tell its outcome.
+//!
 //! # Conversion failures
 //!
 //! [`Response`] holds any status and any header bytes, `http` does not: converting to
@@ -139,11 +147,14 @@
 #[cfg(feature = "tower")]
 mod admission;
 mod canonical_json;
+#[cfg(feature = "tower")]
+mod drain;
 mod flow;
 mod handle;
 mod heartbeat;
 mod options;
 mod policy;
+mod prefer;
 mod retry_after;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
@@ -153,7 +164,7 @@ mod view;
 pub use self::handle::handle;
 pub use self::heartbeat::LeaseWatch;
 pub use self::options::{
-    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, Release, release,
+    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, Release, Takeover, release,
 };
 pub use self::policy::{FingerprintPolicy, STRUCTURED_VERSION};
 pub use self::view::RequestView;
@@ -216,9 +227,14 @@ pub mod problem_type {
     /// for the key.
     pub const NOT_STORED: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#response-not-stored";
+    /// 500, stored and replayed: an earlier attempt died before it settled and the server does
+    /// not run the request again ([`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown)).
+    pub const OUTCOME_UNKNOWN: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#outcome-unknown";
 
     #[cfg(test)]
-    pub(super) const ALL: [&str; 10] = [
+    pub(super) const ALL: [&str; 11] = [
+        OUTCOME_UNKNOWN,
         UNAVAILABLE,
         NOT_STORED,
         INVALID_BODY,
@@ -695,6 +711,36 @@ impl Problem {
             "Internal server error",
             "The server failed; the request may or may not have been applied. Retry with the \
              same Idempotency-Key to get its outcome.",
+        )
+    }
+
+    /// 500, stored in place of an answer that cannot be kept (`why` completes "The request
+    /// was carried out, but …").
+    pub(crate) fn not_stored(why: &str) -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type::NOT_STORED,
+            "Response not stored",
+            format!(
+                "The request was carried out, but {why}, so it cannot be replayed. The request \
+                 will not be carried out again for this key; ask the server's operator for its \
+                 outcome."
+            ),
+        )
+    }
+
+    /// 500, stored: attempt `died` of this request died before it settled, and the server
+    /// does not run it again ([`Takeover::AnswerUnknown`]).
+    pub(crate) fn outcome_unknown(died: u32) -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type::OUTCOME_UNKNOWN,
+            "Outcome unknown",
+            format!(
+                "Attempt {died} of this request was interrupted before it finished, and it may \
+                 have been partly carried out. It will not be carried out again for this key; \
+                 ask the server's operator for its outcome."
+            ),
         )
     }
 

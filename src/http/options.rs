@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ::http::{Extensions, Method, StatusCode};
 
+use super::Problem;
 use super::policy::FingerprintPolicy;
 use super::retry_after::Durations;
 use super::view::RequestView;
@@ -80,6 +81,26 @@ pub type CompleteHook = Arc<
         + Sync,
 >;
 
+/// What a request does when it takes over a key whose earlier attempt died before it
+/// settled (its process crashed, or its lease lapsed): the claim then says
+/// [`LeaseWatch::attempt`](super::LeaseWatch::attempt) > 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// Run the handler again, with `attempt > 1` and the last checkpoint in its
+    /// [`LeaseWatch`](super::LeaseWatch), so that it can look up what the dead attempt did
+    /// (for example ask the card network about the payment id it checkpointed). The default.
+    #[default]
+    Rerun,
+    /// Never run the handler a second time for a key: store and replay a 500 whose problem
+    /// type is [`OUTCOME_UNKNOWN`](super::problem_type::OUTCOME_UNKNOWN), for handlers that
+    /// cannot reconcile an attempt that may have half happened.
+    AnswerUnknown,
+}
+
+/// Renders the layer's own error answers; see [`HandleOptions::render_problem`].
+type RenderFn = Arc<dyn Fn(&Problem) -> ::http::Response<Vec<u8>> + Send + Sync>;
+
 type ScopeFn = Arc<dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync>;
 type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
 
@@ -93,7 +114,11 @@ type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
 /// | [`scope`](HandleOptions::scope) | none (keys are global) |
 /// | [`fingerprint`](HandleOptions::fingerprint) | [`FingerprintPolicy::raw`] |
 /// | [`previous_fingerprint`](HandleOptions::previous_fingerprint) | none |
-/// | [`wait`](HandleOptions::wait) for the attempt in flight | zero: 409 at once |
+/// | [`wait`](HandleOptions::wait) for the attempt in flight | 500 ms, then 409 |
+/// | [`max_wait`](HandleOptions::max_wait): the cap on a client's `Prefer: wait=N` | 10 s |
+/// | [`takeover`](HandleOptions::takeover) of a crashed attempt | [`Takeover::Rerun`] |
+/// | [`echo_key`](HandleOptions::echo_key) | `true`: every answer repeats the request's `Idempotency-Key` |
+/// | [`render_problem`](HandleOptions::render_problem) | problem+json ([`Problem::to_http`]) |
 /// | [`finality`](HandleOptions::finality) | [`Finality::Everything`] |
 /// | [`max_body`](HandleOptions::max_body) | 1 MiB, 413 beyond |
 /// | [`expected_duration`](HandleOptions::expected_duration) for `Retry-After` | none: measured per route |
@@ -107,6 +132,10 @@ pub struct HandleOptions {
     pub(crate) fingerprint: FingerprintPolicy,
     pub(crate) previous_fingerprint: Option<FingerprintPolicy>,
     pub(crate) wait: Duration,
+    pub(crate) max_wait: Duration,
+    pub(crate) takeover: Takeover,
+    pub(crate) echo_key: bool,
+    pub(crate) render: Option<RenderFn>,
     pub(crate) finality: Finality,
     pub(crate) max_body: usize,
     pub(crate) durations: Arc<Durations>,
@@ -118,6 +147,15 @@ pub struct HandleOptions {
 /// The default [`HandleOptions::max_body`]: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
+/// The default [`HandleOptions::wait`]: half the shortest client timeout in common use (1 s),
+/// so that a waiting retry is answered (the replay, or 409) before its client gives up on it,
+/// while a retry that comes in shortly before the first attempt finishes gets the answer
+/// instead of a 409.
+pub(crate) const DEFAULT_WAIT: Duration = Duration::from_millis(500);
+
+/// The default [`HandleOptions::max_wait`]: a client may ask to wait up to 10 s.
+pub(crate) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
 impl Default for HandleOptions {
     fn default() -> Self {
         HandleOptions {
@@ -126,7 +164,11 @@ impl Default for HandleOptions {
             scope: None,
             fingerprint: FingerprintPolicy::raw(),
             previous_fingerprint: None,
-            wait: Duration::ZERO,
+            wait: DEFAULT_WAIT,
+            max_wait: DEFAULT_MAX_WAIT,
+            takeover: Takeover::Rerun,
+            echo_key: true,
+            render: None,
             finality: Finality::Everything,
             max_body: DEFAULT_MAX_BODY,
             durations: Arc::new(Durations::default()),
@@ -146,6 +188,10 @@ impl fmt::Debug for HandleOptions {
             .field("fingerprint", &self.fingerprint)
             .field("previous_fingerprint", &self.previous_fingerprint)
             .field("wait", &self.wait)
+            .field("max_wait", &self.max_wait)
+            .field("takeover", &self.takeover)
+            .field("echo_key", &self.echo_key)
+            .field("render_problem", &self.render.is_some())
             .field("finality", &self.finality)
             .field("max_body", &self.max_body)
             .field("heartbeat", &self.heartbeat)
@@ -204,11 +250,54 @@ impl HandleOptions {
         self
     }
 
-    /// How long a duplicate waits for the attempt in flight (with `claim_wait`) before it
-    /// gets 409. Zero (default): 409 at once.
+    /// How long a duplicate waits for the attempt in flight before it gets 409, when the
+    /// client did not say (default 500 ms, half the shortest client timeout in common use, 1 s, so that the
+    /// waiting retry is answered before its client gives up on it; zero: 409 at once). It gets the answer
+    /// as soon as the attempt settles. The tower layer waits without a thread; the sync
+    /// [`handle`](super::handle) holds its thread meanwhile (with `claim_wait`).
     #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// The longest wait a client may ask for with `Prefer: wait=N` (RFC 7240; default
+    /// 10 s). A client's preference, shorter or longer than
+    /// [`wait`](HandleOptions::wait), replaces it up to this cap, and the answer says what
+    /// was applied in `Preference-Applied: wait=N`.
+    #[must_use]
+    pub fn max_wait(mut self, cap: Duration) -> Self {
+        self.max_wait = cap;
+        self
+    }
+
+    /// What to do when a request takes over the key of an attempt that died before it
+    /// settled; see [`Takeover`].
+    #[must_use]
+    pub fn takeover(mut self, takeover: Takeover) -> Self {
+        self.takeover = takeover;
+        self
+    }
+
+    /// `true` (default): every answer to a covered request that carried an `Idempotency-Key`
+    /// repeats it as sent, as clients such as Stripe's SDKs read it back.
+    #[must_use]
+    pub fn echo_key(mut self, on: bool) -> Self {
+        self.echo_key = on;
+        self
+    }
+
+    /// Renders the layer's own error answers (400, 409, 413, 422, 500, 503, and the 500 stored
+    /// in place of an answer that cannot be kept) in the application's format instead of
+    /// problem+json. The function gets the [`Problem`] (status, type, title, detail,
+    /// `retry_after`) and returns the whole answer; the layer adds `Retry-After` if the
+    /// function did not, and `Idempotency-Key` (see [`echo_key`](HandleOptions::echo_key)).
+    #[must_use]
+    pub fn render_problem(
+        mut self,
+        render: impl Fn(&Problem) -> ::http::Response<Vec<u8>> + Send + Sync + 'static,
+    ) -> Self {
+        self.render = Some(Arc::new(render));
         self
     }
 
@@ -266,6 +355,21 @@ impl HandleOptions {
     ) -> Self {
         self.on_error = Some(Arc::new(log));
         self
+    }
+
+    /// `problem` as an answer: the application's rendering, or problem+json.
+    pub(crate) fn answer(&self, problem: &Problem) -> ::http::Response<Vec<u8>> {
+        let Some(render) = &self.render else {
+            return problem.to_http();
+        };
+        let mut answer = render(problem);
+        if let Some(seconds) = problem.retry_after {
+            answer
+                .headers_mut()
+                .entry(::http::header::RETRY_AFTER)
+                .or_insert_with(|| ::http::HeaderValue::from(seconds));
+        }
+        answer
     }
 
     pub(crate) fn covers(&self, method: &Method) -> bool {

@@ -21,6 +21,7 @@ const STRUCTURED_CONTEXT: &str = "idempotency-store 2026 http fingerprint policy
 /// | [`raw`](FingerprintPolicy::raw) (default) | method, path and query as sent, body bytes: [`fingerprint`](super::fingerprint) | 1 |
 /// | [`canonical_json`](FingerprintPolicy::canonical_json) | the body as canonical JSON: members sorted by name, whitespace ignored, numbers as written (`1.0` ≠ `1`), strings by their text (`"\u0041"` = `"A"`); a body that is not JSON is compared as bytes | 2 |
 /// | [`unordered_query`](FingerprintPolicy::unordered_query) | query parameters in any order (each `name=value` as sent; repeats kept) | 2 |
+/// | [`unordered_form`](FingerprintPolicy::unordered_form) | an `application/x-www-form-urlencoded` body's parameters in any order, decoded (`a=b+c` = `a=b%20c`); repeats of one name keep their order (`expand[]=a&expand[]=b` ≠ `expand[]=b&expand[]=a`); other bodies as bytes | 2 |
 /// | [`header`](FingerprintPolicy::header) | also the values of the named headers (absent ≠ empty) | 2 |
 /// | [`custom`](FingerprintPolicy::custom) | what your function returns | yours |
 ///
@@ -48,6 +49,7 @@ enum Kind {
         json: bool,
         unordered_query: bool,
         headers: Vec<HeaderName>,
+        form: bool,
     },
     Custom(CustomFn),
 }
@@ -67,10 +69,12 @@ impl fmt::Debug for FingerprintPolicy {
                 json,
                 unordered_query,
                 headers,
+                form,
             } => f
                 .debug_struct("FingerprintPolicy")
                 .field("canonical_json", json)
                 .field("unordered_query", unordered_query)
+                .field("unordered_form", form)
                 .field("headers", headers)
                 .finish(),
             Kind::Custom(_) => f.write_str("FingerprintPolicy(custom)"),
@@ -87,6 +91,7 @@ impl FingerprintPolicy {
                 json: false,
                 unordered_query: false,
                 headers: Vec::new(),
+                form: false,
             },
         }
     }
@@ -101,6 +106,17 @@ impl FingerprintPolicy {
     #[must_use]
     pub fn unordered_query(self) -> Self {
         self.structured(|_, query, _| *query = true)
+    }
+
+    /// Compares an `application/x-www-form-urlencoded` body (Stripe's convention) by its
+    /// decoded parameters, in any order (see the table above).
+    #[must_use]
+    pub fn unordered_form(mut self) -> Self {
+        self = self.structured(|_, _, _| {});
+        if let Kind::Structured { form, .. } = &mut self.kind {
+            *form = true;
+        }
+        self
     }
 
     /// Also compares the values of header `name` (for example `content-type`).
@@ -129,6 +145,7 @@ impl FingerprintPolicy {
             json,
             unordered_query,
             headers,
+            ..
         } = &mut self.kind
         {
             change(json, unordered_query, headers);
@@ -145,6 +162,7 @@ impl FingerprintPolicy {
                 json: false,
                 unordered_query: false,
                 headers,
+                form: false,
             } if headers.is_empty() => Fingerprint::of([
                 request.method.as_str().as_bytes(),
                 request.target().as_bytes(),
@@ -154,7 +172,8 @@ impl FingerprintPolicy {
                 json,
                 unordered_query,
                 headers,
-            } => structured(request, *json, *unordered_query, headers),
+                form,
+            } => structured(request, *json, *unordered_query, *form, headers),
         }
     }
 }
@@ -165,12 +184,17 @@ fn structured(
     request: &RequestView<'_>,
     json: bool,
     unordered_query: bool,
+    form: bool,
     headers: &[HeaderName],
 ) -> Fingerprint {
     let mut descriptor = format!("json={json};unordered_query={unordered_query};headers=");
     for name in headers {
         descriptor.push_str(name.as_str());
         descriptor.push(',');
+    }
+    // Only when set, so that the digests of the policies that came before it do not change.
+    if form {
+        descriptor.push_str(";form=true");
     }
     let query = request.uri.query().unwrap_or_default();
     let query = if unordered_query {
@@ -180,11 +204,14 @@ fn structured(
     } else {
         query.to_owned()
     };
-    // A body that is not JSON is hashed as sent, marked so it cannot collide with JSON text.
-    let body = json.then(|| canonical(request.body)).flatten();
-    let (body_kind, body): (&[u8], &[u8]) = match &body {
-        Some(canonical) => (b"json", canonical),
-        None => (b"bytes", request.body),
+    // A body that is not JSON (or form) is hashed as sent, marked so it cannot collide with
+    // the canonical text.
+    let form_body = (form && is_form(request)).then(|| unordered_form(request.body));
+    let json_body = json.then(|| canonical(request.body)).flatten();
+    let (body_kind, body): (&[u8], &[u8]) = match (&form_body, &json_body) {
+        (Some(pairs), _) => (b"form", pairs),
+        (None, Some(canonical)) => (b"json", canonical),
+        (None, None) => (b"bytes", request.body),
     };
     let mut parts: Vec<&[u8]> = vec![
         descriptor.as_bytes(),
@@ -209,4 +236,83 @@ fn structured(
     // The counts go last so that `parts` holds only borrows of live values.
     parts.extend(values.iter().map(|v| &v[..]));
     Fingerprint::derive(STRUCTURED_VERSION, STRUCTURED_CONTEXT, parts)
+}
+
+/// Whether the request says its body is `application/x-www-form-urlencoded`.
+fn is_form(request: &RequestView<'_>) -> bool {
+    request
+        .headers
+        .get(::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|mime| {
+            mime.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
+}
+
+/// The decoded parameters sorted by name (a stable sort: the values of one name keep their
+/// order), each as its length-prefixed name and value, so that no separator inside a value
+/// can make two different forms agree.
+fn unordered_form(body: &[u8]) -> Vec<u8> {
+    let mut pairs: Vec<_> = form_urlencoded::parse(body).collect();
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::with_capacity(body.len() + 16 * pairs.len());
+    for (name, value) in &pairs {
+        for part in [name, value] {
+            out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            out.extend_from_slice(part.as_bytes());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(body: &str) -> Fingerprint {
+        let request = ::http::Request::post("/v1/charges")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.as_bytes().to_vec())
+            .unwrap();
+        FingerprintPolicy::raw()
+            .unordered_form()
+            .fingerprint(&RequestView::of(&request))
+    }
+
+    #[test]
+    fn form_parameters_compare_in_any_order_and_decoded() {
+        let first = form("amount=2000&currency=usd&metadata[order]=7");
+        assert_eq!(first, form("metadata[order]=7&currency=usd&amount=2000"));
+        assert_eq!(form("note=a+b"), form("note=a%20b"));
+        assert_ne!(first, form("amount=2001&currency=usd&metadata[order]=7"));
+        assert_ne!(form("expand[]=a&expand[]=b"), form("expand[]=b&expand[]=a"));
+        assert_ne!(form("a=b&c=d"), form("a=b%26c%3Dd"));
+    }
+
+    #[test]
+    fn the_form_option_leaves_other_policies_and_bodies_alone() {
+        let request = ::http::Request::post("/x")
+            .body(b"b=1&a=2".to_vec())
+            .unwrap();
+        let view = RequestView::of(&request);
+        let plain = FingerprintPolicy::raw()
+            .unordered_query()
+            .fingerprint(&view);
+        let with_form = FingerprintPolicy::raw()
+            .unordered_query()
+            .unordered_form()
+            .fingerprint(&view);
+        // Not a form body (no content type): compared as bytes, under its own descriptor.
+        assert_ne!(plain, with_form);
+        let swapped = ::http::Request::post("/x")
+            .body(b"a=2&b=1".to_vec())
+            .unwrap();
+        let swapped = FingerprintPolicy::raw()
+            .unordered_query()
+            .unordered_form()
+            .fingerprint(&RequestView::of(&swapped));
+        assert_ne!(with_form, swapped);
+    }
 }

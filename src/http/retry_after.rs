@@ -55,14 +55,24 @@ impl Durations {
             .or(self.prior)
     }
 
-    /// `Retry-After` in whole seconds: the expected duration (1 s if there is none yet),
-    /// never above the time left on the holder's lease, and at least 1.
-    pub(crate) fn retry_after(&self, route: &str, lease_until: Timestamp, now: Timestamp) -> u64 {
+    /// `Retry-After` in whole seconds: the expected duration (1 s if there is none yet) less
+    /// what the holder has run, never above the time left on the holder's lease, and at
+    /// least 1.
+    ///
+    /// `held_for` is how long the holder has run, where this process knows it (the tower
+    /// layer's own holders): the hint is then the time it is expected to have left.
+    pub(crate) fn retry_after(
+        &self,
+        route: &str,
+        lease_until: Timestamp,
+        now: Timestamp,
+        held_for: Option<Duration>,
+    ) -> u64 {
         let left = lease_until.as_millis().saturating_sub(now.as_millis());
-        let expected = self
-            .expected(route)
-            .map_or(1000, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        expected.min(left).div_ceil(1000).max(1)
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let expected = self.expected(route).map_or(1000, millis);
+        let remaining = expected.saturating_sub(held_for.map_or(0, millis));
+        remaining.min(left).div_ceil(1000).max(1)
     }
 }
 
@@ -74,16 +84,20 @@ mod tests {
     fn hint_is_the_route_average_capped_by_the_lease_and_at_least_one_second() {
         let at = Timestamp::from_millis;
         let d = Durations::default();
-        assert_eq!(d.retry_after("POST /a", at(60_000), at(0)), 1);
+        assert_eq!(d.retry_after("POST /a", at(60_000), at(0), None), 1);
         d.record("POST /a", Duration::from_millis(3_000));
-        assert_eq!(d.retry_after("POST /a", at(60_000), at(0)), 3);
-        assert_eq!(d.retry_after("POST /a", at(1_500), at(0)), 2);
-        assert_eq!(d.retry_after("POST /a", at(0), at(10)), 1);
+        assert_eq!(d.retry_after("POST /a", at(60_000), at(0), None), 3);
+        assert_eq!(d.retry_after("POST /a", at(1_500), at(0), None), 2);
+        assert_eq!(d.retry_after("POST /a", at(0), at(10), None), 1);
         d.record("POST /a", Duration::from_millis(8_000)); // 3 + 0.2 * 5 = 4 s
-        assert_eq!(d.retry_after("POST /a", at(60_000), at(0)), 4);
-        assert_eq!(d.retry_after("POST /b", at(60_000), at(0)), 1);
+        assert_eq!(d.retry_after("POST /a", at(60_000), at(0), None), 4);
+        assert_eq!(d.retry_after("POST /b", at(60_000), at(0), None), 1);
+        let held = Some(Duration::from_millis(2_500)); // 4 s expected: 1.5 s left
+        assert_eq!(d.retry_after("POST /a", at(60_000), at(0), held), 2);
+        let overdue = Some(Duration::from_secs(30));
+        assert_eq!(d.retry_after("POST /a", at(60_000), at(0), overdue), 1);
         let given = Durations::with_prior(Duration::from_secs(7));
-        assert_eq!(given.retry_after("POST /b", at(60_000), at(0)), 7);
+        assert_eq!(given.retry_after("POST /b", at(60_000), at(0), None), 7);
     }
 
     #[test]

@@ -86,14 +86,17 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::oneshot;
 
-use super::admission::Admission;
+use super::admission::{Admission, Holding};
 pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
+pub use super::drain::{Drain, DrainReport};
 use super::flow::{self, Decided, Screen, Ticket};
-use super::heartbeat::{self, LeaseWatch};
+use super::heartbeat::LeaseWatch;
 use super::options::{BoxError, HandleOptions};
+use super::prefer;
 use super::view::RequestView;
 use super::{Problem, problem_type};
 use crate::api::backend::IdempotencyStore;
+use crate::api::heartbeat;
 use crate::api::outcome::{Claim, Lease};
 
 /// A [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) that makes the services
@@ -150,6 +153,17 @@ impl IdempotencyLayer {
         let claims = self.admission.max_blocking;
         self.admission = Arc::new(Admission::new(claims, timeout));
         self
+    }
+
+    /// The handle that drains this layer at shutdown: see [`Drain`]. Take it after the
+    /// other settings (`max_blocking` and `queue_timeout` make a new admission).
+    #[must_use]
+    pub fn drain_handle(&self) -> Drain {
+        Drain {
+            store: Arc::clone(&self.store),
+            options: Arc::clone(&self.options),
+            admission: Arc::clone(&self.admission),
+        }
     }
 }
 
@@ -246,43 +260,113 @@ impl Flow {
         request: Request<ReqBody>,
     ) -> Result<Response<ResBody>, S::Error>
     where
-        S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
-        ReqBody: Body + From<Bytes>,
-        ReqBody::Error: Into<BoxError>,
-        ResBody: Body + From<Bytes>,
+        S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Body + From<Bytes> + Send + 'static,
+        ResBody: Body + From<Bytes> + Send + 'static,
+        ResBody::Data: Send,
         ResBody::Error: Into<BoxError>,
+        ReqBody::Error: Into<BoxError>,
     {
-        let options = &self.options;
-        if let Screen::Pass = flow::screen(options, request.method(), request.headers()) {
+        let options = Arc::clone(&self.options);
+        if let Screen::Pass = flow::screen(&options, request.method(), request.headers()) {
             return inner.call(request).await;
         }
+        let headers = request.headers().clone();
+        let wait = prefer::wait(&options, &headers);
+        let answer = self.covered(inner, request, wait.bound).await?;
+        Ok(into_body(flow::finish(
+            &options,
+            &headers,
+            wait.applied,
+            answer,
+        )))
+    }
+
+    /// A covered request's answer: from the claim, or from the run of the inner service on
+    /// a task of its own.
+    async fn covered<S, ReqBody, ResBody>(
+        self,
+        inner: S,
+        request: Request<ReqBody>,
+        wait: Duration,
+    ) -> Result<Answer, S::Error>
+    where
+        S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Body + From<Bytes> + Send + 'static,
+        ResBody: Body + From<Bytes> + Send + 'static,
+        ResBody::Data: Send,
+        ResBody::Error: Into<BoxError>,
+        ReqBody::Error: Into<BoxError>,
+    {
+        let options = Arc::clone(&self.options);
+        let options = &*options;
         let (parts, body) = request.into_parts();
         let body = match Limited::new(body, options.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
-            Err(err) => return Ok(into_body(unreadable(options.max_body, &*err))),
+            Err(err) => return Ok(unreadable(options, &*err)),
         };
-        let mut request = Request::from_parts(parts, body);
+        let request = Request::from_parts(parts, body);
         let ticket = match flow::ticket(options, &RequestView::of(&request)) {
             Ok(ticket) => ticket,
-            Err(answer) => return Ok(into_body(*answer)),
+            Err(answer) => return Ok(*answer),
         };
         // A replay the store keeps in memory needs no trip to the blocking pool.
         if let Some(answer) = flow::cached_replay(&*self.store, options, &ticket) {
-            return Ok(into_body(answer));
+            return Ok(answer);
         }
-        let (ticket, lease, period) = match self.claim(ticket).await {
+        let (ticket, lease, period) = match self.claim(ticket, wait).await {
             Claimed::Run(ticket, lease, period) => (ticket, lease, period),
-            Claimed::Answer(answer) => return Ok(into_body(answer)),
+            Claimed::Answer(answer) => return Ok(answer),
         };
-        // Until this drops (after the settling call, or with this future), duplicates wait
-        // for it on the timer.
-        let _holding = self.admission.hold(lease.key(), lease.token());
+        // Until the holder lets go (after the settling call, or when a drain stops it),
+        // duplicates wait for it on the timer.
+        let holding = self.admission.hold(&lease);
+        let (key, token) = (lease.key().clone(), lease.token());
+        let admission = Arc::clone(&self.admission);
+        // The run and the settle go on whatever becomes of this future: a client that hangs
+        // up cancels nothing, and its retry gets the stored answer.
+        let run = tokio::spawn(self.hold(inner, request, ticket, lease, period, holding));
+        admission.running(&key, token, run.abort_handle());
+        match run.await {
+            Ok(answer) => answer,
+            // The inner service panicked, or a drain stopped it and settled the key.
+            Err(err) => {
+                if err.is_panic() {
+                    options.report(&err);
+                }
+                Ok(options.answer(&Problem::internal()))
+            }
+        }
+    }
+
+    /// Runs the inner service with the lease, heartbeating, and stores or releases its
+    /// answer.
+    async fn hold<S, ReqBody, ResBody>(
+        self,
+        mut inner: S,
+        request: Request<Bytes>,
+        ticket: Ticket,
+        lease: Lease,
+        period: Option<Duration>,
+        _holding: Holding,
+    ) -> Result<Answer, S::Error>
+    where
+        S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ReqBody: From<Bytes>,
+        ResBody: Body,
+        ResBody::Error: Into<BoxError>,
+    {
         let watch = LeaseWatch::new(&lease);
+        let mut request = request.map(ReqBody::from);
         request.extensions_mut().insert(watch.clone());
-        // Dropped with this future (or after the handler): the heartbeat task then stops.
+        // Dropped after the handler (or with this task): the heartbeat task then stops.
         let _beating = period.map(|period| self.beat(lease.twin(), period, watch));
         let started = Instant::now();
-        let response = inner.call(request.map(ReqBody::from)).await?;
+        let response = inner.call(request).await?;
         let (parts, body) = response.into_parts();
         let collected = body.collect().await.map(|c| c.to_bytes()).map_err(|err| {
             let err: BoxError = err.into();
@@ -305,16 +389,14 @@ impl Flow {
                 .await
             }
         };
-        Ok(into_body(
-            answer.unwrap_or_else(|| Problem::internal().to_http()),
-        ))
+        Ok(answer.unwrap_or_else(|| self.options.answer(&Problem::internal())))
     }
 
-    /// Claims, waiting for an attempt in flight up to the options' `wait`: on the timer,
-    /// woken when this layer's holder of the key settles, or re-claiming with a backoff
-    /// when another process holds it. Each claim needs a slot; none holds one while it waits.
-    async fn claim(&self, mut ticket: Ticket) -> Claimed {
-        let deadline = Instant::now() + self.options.wait;
+    /// Claims, waiting for an attempt in flight up to `wait`: on the timer, woken when this
+    /// layer's holder of the key settles, or re-claiming with a backoff when another process
+    /// holds it. Each claim needs a slot; none holds one while it waits.
+    async fn claim(&self, mut ticket: Ticket, wait: Duration) -> Claimed {
+        let deadline = Instant::now() + wait;
         let mut pause = FIRST_PAUSE;
         let mut waiting = false;
         loop {
@@ -323,17 +405,23 @@ impl Flow {
             {
                 return Claimed::Answer(answer);
             }
+            if self.admission.draining() {
+                return Claimed::Answer(self.options.answer(&shutting_down()));
+            }
             let Some(slot) = self.admission.slot().await else {
-                return Claimed::Answer(overloaded(waiting));
+                return Claimed::Answer(overloaded(&self.options, waiting));
             };
+            let admission = Arc::clone(&self.admission);
             let step = self
-                .blocking(move |store, options| claim_step(store, options, ticket, deadline))
+                .blocking(move |store, options| {
+                    claim_step(store, options, &admission, ticket, deadline)
+                })
                 .await;
             drop(slot);
             let (back, left) = match step {
                 Some(Step::Done(claimed)) => return claimed,
                 Some(Step::Wait(back, left)) => (back, left),
-                None => return Claimed::Answer(Problem::internal().to_http()),
+                None => return Claimed::Answer(self.options.answer(&Problem::internal())),
             };
             ticket = back;
             waiting = true;
@@ -362,7 +450,7 @@ impl Flow {
                 }
                 let (store, watch) = (Arc::clone(&store), watch.clone());
                 let beat = tokio::task::spawn_blocking(move || {
-                    let go_on = heartbeat::beat(&*store, &mut twin, &watch);
+                    let go_on = heartbeat::beat(&*store, &mut twin, &|| watch.mark_lost());
                     (twin, go_on)
                 });
                 match beat.await {
@@ -401,6 +489,7 @@ const LAST_PAUSE: Duration = Duration::from_millis(250);
 fn claim_step(
     store: &dyn IdempotencyStore,
     options: &HandleOptions,
+    admission: &Admission,
     ticket: Ticket,
     deadline: Instant,
 ) -> Step {
@@ -412,44 +501,60 @@ fn claim_step(
             return Step::Wait(ticket, left.min(lease_left.max(FIRST_PAUSE)));
         }
     }
-    Step::Done(match flow::decide(store, options, &ticket, claim) {
-        Decided::Run(lease) => {
-            let period = flow::heartbeat_period(store, options, &lease);
-            Claimed::Run(ticket, lease, period)
-        }
-        Decided::Answer(answer) => Claimed::Answer(answer),
-    })
+    let held_for = admission.held_for(&ticket.key);
+    Step::Done(
+        match flow::decide(store, options, &ticket, claim, held_for) {
+            Decided::Run(lease) => {
+                let period = flow::heartbeat_period(store, options, &lease);
+                Claimed::Run(ticket, lease, period)
+            }
+            Decided::Answer(answer) => Claimed::Answer(answer),
+        },
+    )
 }
 
 /// The answer when no slot came free in time: 409 for a duplicate that was waiting for the
 /// attempt in flight (it is still in flight), else 503.
-fn overloaded(waiting: bool) -> Answer {
+fn overloaded(options: &HandleOptions, waiting: bool) -> Answer {
     if waiting {
-        return Problem::new(
-            StatusCode::CONFLICT,
-            problem_type::IN_PROGRESS,
-            "Request in progress",
-            "A request with this Idempotency-Key is still being processed. Retry after the \
-             time in Retry-After to get its answer.",
-        )
-        .with_retry_after(1)
-        .to_http();
+        return options.answer(
+            &Problem::new(
+                StatusCode::CONFLICT,
+                problem_type::IN_PROGRESS,
+                "Request in progress",
+                "A request with this Idempotency-Key is still being processed. Retry after the \
+                 time in Retry-After to get its answer.",
+            )
+            .with_retry_after(1),
+        );
     }
-    Problem::overloaded().to_http()
+    options.answer(&Problem::overloaded())
+}
+
+/// 503 while a [`Drain`] runs: the key is not touched, and the retry reaches another
+/// instance or this one after its restart.
+fn shutting_down() -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        problem_type::UNAVAILABLE,
+        "Server shutting down",
+        "This server is shutting down and takes no new requests. Retry with the same \
+         Idempotency-Key.",
+    )
+    .with_retry_after(1)
 }
 
 /// 413 for a body over the limit, 400 for one that could not be read.
-fn unreadable(max: usize, err: &(dyn std::error::Error + 'static)) -> Answer {
+fn unreadable(options: &HandleOptions, err: &(dyn std::error::Error + 'static)) -> Answer {
     if err.downcast_ref::<LengthLimitError>().is_some() {
-        return flow::too_large(max);
+        return flow::too_large(options, options.max_body);
     }
-    Problem::new(
+    options.answer(&Problem::new(
         StatusCode::BAD_REQUEST,
         problem_type::INVALID_BODY,
         "Request body unreadable",
         "The request body could not be read to the end; send it again.",
-    )
-    .to_http()
+    ))
 }
 
 fn into_body<B: From<Bytes>>(answer: Answer) -> Response<B> {

@@ -86,7 +86,7 @@ impl PgStoreBuilder {
     }
 
     /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
-    /// it over. Defaults to 60 seconds.
+    /// it over. Defaults to 10 seconds.
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
         self.shared.lease = lease;
         self

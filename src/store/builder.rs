@@ -128,7 +128,7 @@ impl StoreBuilder {
     }
 
     /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
-    /// it over. Extend it with [`Store::heartbeat`]. Defaults to 60 seconds.
+    /// it over. Extend it with [`Store::heartbeat`]. Defaults to 10 seconds.
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
         self.settings.lease = lease;
         self
