@@ -35,7 +35,9 @@ mod axum_payments;
 #[path = "../examples/edge_client.rs"]
 mod edge_client;
 
-#[allow(dead_code)] // its `main` is not used here
+// The sync server, for the control of the kill mid-request. It includes the service's files
+// as `axum_payments` does: two copies of the same modules, each server using its own.
+#[allow(dead_code, clippy::duplicate_mod)] // its `main` is not used here
 #[path = "../examples/payments_server.rs"]
 mod payments_server;
 

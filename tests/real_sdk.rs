@@ -1,13 +1,15 @@
 //! A real retrying SDK from a package registry against the tower layer (issue 39): Stripe's
 //! Python SDK (`pip install stripe`), configured as a user would for a slow upstream (a 1 s
 //! timeout, `max_network_retries=3`), calls `POST /v1/payment_intents` on an axum app behind
-//! `IdempotencyLayer` with the layer's defaults, whose first execution takes 2.5 s.
+//! `IdempotencyLayer` with the layer's defaults (and the fingerprint policy for form bodies),
+//! whose first execution takes 2.5 s.
 //!
 //! The SDK's first attempt times out and the SDK retries with the same `Idempotency-Key`
 //! (it also retries 409 and 5xx). The call must succeed, the handler must have run exactly once
-//! and to its end, and every attempt must have carried the same key. Before the fix, hyper
-//! dropped the layer's future when the SDK hung up, the handler with it, and the key stayed in
-//! progress for the lease: every retry got 409 and the call failed with `APIError(409)`.
+//! and to its end, every attempt must have carried the same key, and the answer must echo it
+//! (the SDK reads it back). Before the fix, hyper dropped the layer's future when the SDK hung
+//! up, the handler with it, and the key stayed in progress for the lease: every retry got 409
+//! and the call failed with `APIError(409)` after 3.8 s.
 //!
 //! The SDK is installed by `.ci/run`, which sets `IDEMPOTENCY_REQUIRE_SDK=1`: then a missing
 //! SDK fails the test. Elsewhere the test is skipped with a printed reason when
@@ -20,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use idempotency_store::Store;
-use idempotency_store::http::HandleOptions;
 use idempotency_store::http::tower::IdempotencyLayer;
+use idempotency_store::http::{FingerprintPolicy, HandleOptions};
 
 /// How long the first execution takes: longer than the SDK's 1 s timeout.
 const FIRST_RUN: Duration = Duration::from_millis(2500);
@@ -90,8 +92,10 @@ fn app(seen: Shared) -> axum::Router {
         }
     };
     let store = Store::builder().open_in_memory().expect("store");
-    // The layer's defaults, as a new user would start.
-    let layer = IdempotencyLayer::new(store, HandleOptions::new());
+    // The layer's defaults, as a new user would start, with the fingerprint policy for
+    // Stripe's form-encoded bodies.
+    let options = HandleOptions::new().fingerprint(FingerprintPolicy::raw().unordered_form());
+    let layer = IdempotencyLayer::new(store, options);
     let log_attempts = axum::middleware::from_fn(move |request: Request, next: Next| {
         let seen = Arc::clone(&seen);
         async move {
@@ -216,7 +220,9 @@ fn stripe_sdk_with_a_1s_timeout_gets_one_execution() {
         "the SDK's retries changed the key: {:?}",
         log.attempts
     );
-    if let Some(echoed) = out["echoed_key"].as_str() {
-        assert_eq!(echoed, key, "the echoed Idempotency-Key is another key");
-    }
+    assert_eq!(
+        out["echoed_key"].as_str(),
+        Some(key.as_str()),
+        "the answer must echo the SDK's Idempotency-Key"
+    );
 }
