@@ -12,7 +12,9 @@
 //! picks a free one), `--wait-ms MS` (how long a duplicate of a request in flight waits; 0
 //! answers 409 at once), `--lease-ms MS`, `--delay-ms MS` (simulated card-network latency), as
 //! `payments_server` takes them. It prints `listening on http://ADDR` once it serves. `GET /metrics` answers the store's metrics in the
-//! Prometheus text format (docs/operations.md, "Metrics").
+//! Prometheus text format (docs/operations.md, "Metrics"). On SIGTERM or Ctrl-C it stops
+//! taking connections, lets the payments in flight finish (for up to 10 s; a payment whose
+//! client hung up still runs to its end), and prints what the drain settled.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,7 +28,7 @@ use axum::routing::{any, get, post};
 use clap::Parser;
 use idempotency_store::Store;
 use idempotency_store::http::LeaseWatch;
-use idempotency_store::http::tower::IdempotencyLayer;
+use idempotency_store::http::tower::{Drain, IdempotencyLayer};
 
 #[allow(dead_code)] // the tiny_http-free sync server is not used here
 #[path = "payments_service/server.rs"]
@@ -86,7 +88,8 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
         println!("listening on http://{}", listener.local_addr()?);
         std::io::stdout().flush()?;
         let metrics = metrics_route(payments.store())?;
-        let app = app(payments).merge(metrics);
+        let (app, drain) = app(payments);
+        let app = app.merge(metrics);
         let app = match args.drop_answers {
             0 => app,
             every => app.layer(axum::middleware::from_fn_with_state(
@@ -94,9 +97,38 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
                 drop_answer,
             )),
         };
-        axum::serve(listener, app).await?;
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        // The server waits for open connections only: payments whose client hung up run on
+        // the layer's tasks. Let them finish and settle their keys before the process ends.
+        let report = drain.finish(DRAIN_DEADLINE).await;
+        println!(
+            "drained: {} in flight, {} finished, {} stopped and released, {} left in progress",
+            report.in_flight, report.finished, report.stopped, report.left_in_progress
+        );
         Ok(())
     })
+}
+
+/// How long a shutdown lets the payments in flight finish before it stops them and releases
+/// their keys.
+const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // No signal handling: serve until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
 }
 
 /// Counts `POST /payments` for `--drop-answers`.
@@ -145,14 +177,16 @@ fn metrics_route(store: Arc<Store>) -> Result<Router, BoxError> {
 }
 
 /// The routes; `POST /payments` behind the idempotency layer.
-pub fn app(payments: Arc<Payments>) -> Router {
+pub fn app(payments: Arc<Payments>) -> (Router, Drain) {
     let layer = IdempotencyLayer::shared(payments.store(), payments.idempotency());
-    Router::new()
+    let drain = layer.drain_handle();
+    let router = Router::new()
         .route("/payments", post(create).layer(layer).fallback(other))
         .route("/payments/{id}", get(show).fallback(other))
         .route("/ledger", get(ledger).fallback(other))
         .fallback(any(other))
-        .with_state(payments)
+        .with_state(payments);
+    (router, drain)
 }
 
 /// `POST /payments`, run by the layer once per key; the charge runs on the blocking pool

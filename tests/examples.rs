@@ -187,7 +187,7 @@ fn both_servers_answer_405_with_allow() {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = axum_payments::app(Arc::new(axum_payments));
+    let (app, _drain) = axum_payments::app(Arc::new(axum_payments));
     runtime.spawn(async move { axum::serve(listener, app).await });
     for (method, path, allowed) in NOT_ALLOWED {
         let head = head(addr, &request(method, path));

@@ -69,16 +69,30 @@ fn ids(html: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The problem-type URIs written in the `http` module's source, so that a constant added
-/// there without an entry in `CONSTANTS` fails this test instead of escaping it.
+/// The problem-type URIs written in the `http` module's source (every file of `src/http/`),
+/// so that a constant added there without an entry in `CONSTANTS` fails this test instead of
+/// escaping it.
 fn uris_in_source() -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http/mod.rs");
-    let source = std::fs::read_to_string(path).expect("read src/http/mod.rs");
-    source
-        .split('"')
-        .filter(|text| text.starts_with(PREFIX) && text.len() > PREFIX.len())
-        .map(str::to_owned)
-        .collect()
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read src/http/")
+        .map(|entry| entry.expect("an entry of src/http/").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no source files in src/http/");
+    let mut uris = Vec::new();
+    for path in files {
+        let source = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        uris.extend(
+            source
+                .split('"')
+                .filter(|text| text.starts_with(PREFIX) && text.len() > PREFIX.len())
+                .map(str::to_owned),
+        );
+    }
+    uris
 }
 
 #[test]
@@ -88,7 +102,7 @@ fn every_problem_type_is_a_constant_listed_here() {
     for uri in &in_source {
         assert!(
             listed.contains(&uri.as_str()),
-            "{uri} is in src/http/mod.rs but not in CONSTANTS"
+            "{uri} is in src/http/ but not in CONSTANTS"
         );
     }
     for (name, uri) in CONSTANTS {
@@ -98,7 +112,7 @@ fn every_problem_type_is_a_constant_listed_here() {
         );
         assert!(
             in_source.iter().any(|u| u == uri),
-            "{name} = {uri} not found in src/http/mod.rs"
+            "{name} = {uri} not found in src/http/"
         );
     }
 }

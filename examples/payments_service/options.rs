@@ -20,12 +20,13 @@ pub struct ServeOptions {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// How long a duplicate of a request still in flight waits for the first attempt's answer,
-    /// in milliseconds; 0 answers it 409 at once.
-    #[arg(long = "wait-ms", value_name = "MS", default_value_t = 0)]
+    /// in milliseconds (the library's default, 500); 0 answers it 409 at once.
+    #[arg(long = "wait-ms", value_name = "MS", default_value_t = 500)]
     pub wait_ms: u64,
     /// How long an attempt holds its key, in milliseconds: the key of an attempt that crashed
-    /// is blocked this long, then a retry takes it over.
-    #[arg(long = "lease-ms", value_name = "MS", default_value_t = 60_000)]
+    /// is blocked this long, then a retry takes it over (the library's default, 10000; a live
+    /// attempt heartbeats and keeps it).
+    #[arg(long = "lease-ms", value_name = "MS", default_value_t = 10_000)]
     pub lease_ms: u64,
     /// Simulated card-network latency of each charge, in milliseconds.
     #[arg(long = "delay-ms", value_name = "MS", default_value_t = 0)]

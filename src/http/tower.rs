@@ -43,8 +43,10 @@
 //! starve the holder of the key (its heartbeat would queue behind them, its lease lapse
 //! while it is alive, and a duplicate run the inner service again):
 //!
-//! - A duplicate that may [`wait`](HandleOptions::wait) for the attempt in flight waits on
-//!   the runtime's timer. It is woken when this layer's holder of the key settles (it then
+//! - A duplicate waits for the attempt in flight on the runtime's timer, up to
+//!   [`wait`](HandleOptions::wait) (500 ms by default), or what the client asks with
+//!   `Prefer: wait=N` (up to [`max_wait`](HandleOptions::max_wait); the answer then carries
+//!   `Preference-Applied`). It is woken when this layer's holder of the key settles (it then
 //!   takes the replay from memory where the store keeps one), or claims again with a
 //!   backoff (10 ms doubling to 250 ms) when another process holds the key; never past the
 //!   holder's lease or its own `wait`, then 409 as usual.
@@ -66,13 +68,27 @@
 //!
 //! # When the client goes away
 //!
-//! If the connection closes while the inner service runs, hyper drops the response future
-//! and with it the inner service's future. The layer then does nothing to the key: no
-//! completion, no release (a half-done payment must not be run again at once). The heartbeat
-//! stops with the future, so the key stays in progress until its lease lapses (at most one
-//! lease after the drop); then the client's retry takes it over and the inner service runs
-//! again as attempt 2 ([`LeaseWatch::attempt`], with the last checkpoint). An inner service
-//! that returns an error is treated the same way.
+//! Once a request holds the key, the inner service's future and the settling call
+//! (complete, the stored substitute, or release) run on a task of their own; the response
+//! future only waits for it. A client that times out, a reset, or hyper closing the
+//! connection drops the response future and cancels nothing: the operation runs to its end,
+//! its answer is stored, and the client's retry gets it, at once if it comes later, or the
+//! moment it exists if the retry is waiting for it (see "Waiting and overload").
+//!
+//! An inner service that panics or returns an error leaves the key in progress, like a
+//! crashed process: no answer to store, and no proof that nothing happened. The heartbeat
+//! stops with it, so a retry takes the key over within one lease (10 s by default) as
+//! attempt 2, with the last checkpoint, or answers "outcome unknown" under
+//! [`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown).
+//!
+//! # Shutdown
+//!
+//! Because a handler can outlive its connection, a server's graceful shutdown (which waits
+//! for connections) does not wait for every handler. [`IdempotencyLayer::drain_handle`]
+//! gives a [`Drain`]: after the server stops, `drain.finish(deadline).await` refuses new
+//! claims, lets the operations in flight finish up to the deadline, then stops those left and
+//! releases their keys (or stores "outcome unknown" under `Takeover::AnswerUnknown`), so that
+//! no key is left in progress after a clean shutdown.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,0 +1,441 @@
+//! The catalogue of problem answers (RFC 9457) and their stable `type` URIs.
+
+use ::http::HeaderValue;
+use ::http::StatusCode;
+use ::http::header::{CONTENT_TYPE, RETRY_AFTER};
+
+use crate::api::clock::Timestamp;
+use crate::api::response::Response;
+use crate::error::Error;
+
+/// How long [`Problem::from_error`] tells a client to wait when the store is full, in seconds.
+/// Room comes back as records expire and are swept, which takes a while, so a minute rather
+/// than a hot retry loop.
+pub const QUOTA_RETRY_AFTER_SECS: u64 = 60;
+
+/// The `type` URIs of the problems this module builds. Stable: clients may match on them.
+pub mod problem_type {
+    /// 400: the request has no `Idempotency-Key` header.
+    pub const MISSING_KEY: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#missing-key";
+    /// 400: the `Idempotency-Key` header is malformed or the key is not acceptable.
+    pub const INVALID_KEY: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#invalid-key";
+    /// 422: the key was already used for a different request.
+    pub const KEY_REUSED: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#key-reused";
+    /// 409: the first request with this key is still being processed.
+    pub const IN_PROGRESS: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#in-progress";
+    /// 503: the store is full; new keys are refused for now.
+    pub const STORE_FULL: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#store-full";
+    /// 500: the server failed; the request may or may not have been applied.
+    pub const INTERNAL: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#internal";
+    /// 413: the body of an idempotent request is over the limit ([`handle`](crate::http::handle)'s
+    /// `max_body`).
+    pub const TOO_LARGE: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#too-large";
+
+    /// 400: the body of an idempotent request could not be read (the tower layer).
+    pub const INVALID_BODY: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#invalid-body";
+    /// 503: the store could not be reached, or the tower layer is overloaded; retry with the
+    /// same key to get the outcome.
+    pub const UNAVAILABLE: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#unavailable";
+    /// 500, stored and replayed: the request was carried out but its response could not be
+    /// stored (larger than `max_response_bytes`, or unreadable); it is not carried out again
+    /// for the key.
+    pub const NOT_STORED: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#response-not-stored";
+    /// 500, stored and replayed: an earlier attempt died before it settled and the server does
+    /// not run the request again ([`Takeover::AnswerUnknown`](crate::http::Takeover::AnswerUnknown)).
+    pub const OUTCOME_UNKNOWN: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#outcome-unknown";
+
+    #[cfg(test)]
+    pub(super) const ALL: [&str; 11] = [
+        OUTCOME_UNKNOWN,
+        UNAVAILABLE,
+        NOT_STORED,
+        INVALID_BODY,
+        MISSING_KEY,
+        INVALID_KEY,
+        KEY_REUSED,
+        IN_PROGRESS,
+        STORE_FULL,
+        INTERNAL,
+        TOO_LARGE,
+    ];
+}
+
+/// An RFC 9457 problem: the `application/problem+json` answer of the IETF draft.
+///
+/// ```
+/// use idempotency_store::http::Problem;
+///
+/// let answer = Problem::missing_key().to_http();
+/// assert_eq!(answer.status(), 400);
+/// assert_eq!(answer.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Problem {
+    /// The HTTP status (also the `status` member).
+    pub status: StatusCode,
+    /// The `type` member: a URI naming the kind of problem (see [`problem_type`]).
+    pub problem_type: String,
+    /// The `title` member: a short summary that is the same for every occurrence of the type.
+    pub title: String,
+    /// The `detail` member: this occurrence, in words a client developer can act on.
+    pub detail: String,
+    /// Seconds for a `Retry-After` header, if the client should retry later.
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem of your own (for example a 400 for a body that fails validation).
+    #[must_use]
+    pub fn new(
+        status: StatusCode,
+        problem_type: impl Into<String>,
+        title: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Problem {
+            status,
+            problem_type: problem_type.into(),
+            title: title.into(),
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds a `Retry-After` of `seconds`.
+    #[must_use]
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// 400: the request has no `Idempotency-Key` header.
+    #[must_use]
+    pub fn missing_key() -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            problem_type::MISSING_KEY,
+            "Idempotency-Key header missing",
+            "This operation is idempotent and requires an Idempotency-Key header, for example \
+             Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\" (a new UUID per request).",
+        )
+    }
+
+    /// 400: the key is malformed or not acceptable; `reason` says why.
+    #[must_use]
+    pub fn invalid_key(reason: &str) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            problem_type::INVALID_KEY,
+            "Invalid Idempotency-Key",
+            format!(
+                "The Idempotency-Key header is not acceptable: {reason}. A key is 1 to 255 \
+                 printable ASCII characters, sent as a quoted string (\"...\") or bare."
+            ),
+        )
+    }
+
+    /// 422: the key was already used for a different request (method, path or body).
+    #[must_use]
+    pub fn mismatch() -> Self {
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            problem_type::KEY_REUSED,
+            "Idempotency-Key reused",
+            "This Idempotency-Key was already used for a different request (method, path or \
+             body). Use a new key for a new request; retry with the original request to get \
+             its answer.",
+        )
+    }
+
+    /// 409: the first request with this key is still in flight. `Retry-After` is the time
+    /// until its lease lapses, from `now`, in whole seconds rounded up and at least 1: by then
+    /// it has completed (the retry gets the replay) or a retry may take it over.
+    #[must_use]
+    pub fn in_progress(lease_until: Timestamp, now: Timestamp) -> Self {
+        let millis = lease_until.as_millis().saturating_sub(now.as_millis());
+        Problem::new(
+            StatusCode::CONFLICT,
+            problem_type::IN_PROGRESS,
+            "Request in progress",
+            "A request with this Idempotency-Key is still being processed. Retry after the \
+             time in Retry-After to get its answer.",
+        )
+        .with_retry_after(millis.div_ceil(1000).max(1))
+    }
+
+    /// 503: the store is full and refuses new keys for now (retry after `retry_after`
+    /// seconds).
+    #[must_use]
+    pub fn quota_exceeded(retry_after: u64) -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem_type::STORE_FULL,
+            "Too many pending requests",
+            "The server cannot accept new idempotent requests right now. Retry later with the \
+             same Idempotency-Key.",
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// 503: the tower layer is overloaded (no slot for the claim came free in time); the
+    /// key was not touched.
+    #[must_use]
+    pub fn overloaded() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem_type::UNAVAILABLE,
+            "Service unavailable",
+            "The server is overloaded and did not carry out the request. Retry after the time \
+             in Retry-After with the same Idempotency-Key.",
+        )
+        .with_retry_after(1)
+    }
+
+    /// 503: the store could not be reached ([`Error::Storage`], made once more first if its
+    /// outcome was unknown).
+    #[must_use]
+    pub fn unavailable() -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem_type::UNAVAILABLE,
+            "Service unavailable",
+            "The server could not reach its store; the request may or may not have been \
+             carried out. Retry after the time in Retry-After with the same Idempotency-Key to \
+             get its outcome.",
+        )
+        .with_retry_after(1)
+    }
+
+    /// 500: the server failed. The detail says nothing about the server's internals.
+    #[must_use]
+    pub fn internal() -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type::INTERNAL,
+            "Internal server error",
+            "The server failed; the request may or may not have been applied. Retry with the \
+             same Idempotency-Key to get its outcome.",
+        )
+    }
+
+    /// 500, stored in place of an answer that cannot be kept (`why` completes "The request
+    /// was carried out, but …").
+    pub(crate) fn not_stored(why: &str) -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type::NOT_STORED,
+            "Response not stored",
+            format!(
+                "The request was carried out, but {why}, so it cannot be replayed. The request \
+                 will not be carried out again for this key; ask the server's operator for its \
+                 outcome."
+            ),
+        )
+    }
+
+    /// 500, stored: attempt `died` of this request died before it settled, and the server
+    /// does not run it again ([`Takeover::AnswerUnknown`](crate::http::Takeover::AnswerUnknown)).
+    pub(crate) fn outcome_unknown(died: u32) -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type::OUTCOME_UNKNOWN,
+            "Outcome unknown",
+            format!(
+                "Attempt {died} of this request was interrupted before it finished, and it may \
+                 have been partly carried out. It will not be carried out again for this key; \
+                 ask the server's operator for its outcome."
+            ),
+        )
+    }
+
+    /// The answer for a store error:
+    ///
+    /// | error | answer |
+    /// |---|---|
+    /// | [`Error::InvalidKey`] (e.g. longer than the store's `max_key_len`) | 400, [`invalid_key`](Problem::invalid_key) |
+    /// | [`Error::QuotaExceeded`] | 503, `Retry-After:` [`QUOTA_RETRY_AFTER_SECS`] |
+    /// | [`Error::LeaseLost`] (a retry took the key over) | 409, `Retry-After: 1` |
+    /// | [`Error::Storage`] (the store could not be reached) | 503, `Retry-After: 1`, [`unavailable`](Problem::unavailable) |
+    /// | anything else | 500, [`internal`](Problem::internal) (log the error yourself) |
+    #[must_use]
+    pub fn from_error(err: &Error) -> Self {
+        match err {
+            Error::InvalidKey { reason } => Problem::invalid_key(reason),
+            Error::QuotaExceeded { .. } => Problem::quota_exceeded(QUOTA_RETRY_AFTER_SECS),
+            Error::LeaseLost => Problem::new(
+                StatusCode::CONFLICT,
+                problem_type::IN_PROGRESS,
+                "Request in progress",
+                "Another attempt with this Idempotency-Key took over while this one ran. Retry \
+                 to get its answer.",
+            )
+            .with_retry_after(1),
+            Error::Storage { .. } => Problem::unavailable(),
+            _ => Problem::internal(),
+        }
+    }
+
+    /// The JSON body: `{"type", "title", "status", "detail"}`, in that order.
+    #[must_use]
+    pub fn to_json(&self) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            #[serde(rename = "type")]
+            problem_type: &'a str,
+            title: &'a str,
+            status: u16,
+            detail: &'a str,
+        }
+        let body = Body {
+            problem_type: &self.problem_type,
+            title: &self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        // Serializing strings and a number cannot fail.
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// The answer: status, `Content-Type: application/problem+json`, `Retry-After` if set,
+    /// and the JSON body.
+    #[must_use]
+    pub fn to_http(&self) -> ::http::Response<Vec<u8>> {
+        let mut out = ::http::Response::new(self.to_json());
+        *out.status_mut() = self.status;
+        let headers = out.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        out
+    }
+
+    /// The same answer as a [`Response`], to store as the final outcome of an operation (for
+    /// example a declined payment, which every retry should see again).
+    #[must_use]
+    pub fn to_response(&self) -> Response {
+        let mut out = Response::new(self.status.as_u16(), self.to_json())
+            .with_header(CONTENT_TYPE.as_str(), "application/problem+json");
+        if let Some(seconds) = self.retry_after {
+            out = out.with_header(RETRY_AFTER.as_str(), seconds.to_string());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::testing::{assert_problem, json, retry_after};
+    use crate::http::to_http;
+
+    #[test]
+    fn mismatch_answers_422() {
+        let answer = Problem::mismatch().to_http();
+        assert_problem(&answer, 422, problem_type::KEY_REUSED);
+        assert_eq!(retry_after(&answer), None);
+    }
+
+    #[test]
+    fn in_progress_answers_409_with_retry_after_rounded_up() {
+        let at = |ms| Timestamp::from_millis(ms);
+        for (lease_until, now, seconds) in [
+            (10_001, 10_000, "1"),
+            (11_000, 10_000, "1"),
+            (11_001, 10_000, "2"),
+            (70_000, 10_000, "60"),
+            (10_000, 10_000, "1"), // lapsed: never 0, which would invite a hot loop
+            (5_000, 10_000, "1"),
+        ] {
+            let answer = Problem::in_progress(at(lease_until), at(now)).to_http();
+            assert_problem(&answer, 409, problem_type::IN_PROGRESS);
+            assert_eq!(retry_after(&answer), Some(seconds), "{lease_until} - {now}");
+        }
+    }
+
+    #[test]
+    fn the_substitute_answer_names_the_not_stored_problem() {
+        // `Response::not_stored` lives below this layer and spells the URI itself.
+        assert_eq!(
+            problem_type::NOT_STORED,
+            crate::api::response::NOT_STORED_TYPE
+        );
+        let body = Response::not_stored(2, 1).body;
+        assert_eq!(json(&body)["type"], problem_type::NOT_STORED);
+    }
+
+    #[test]
+    fn store_errors_map_to_400_503_409_and_500() {
+        let invalid = Problem::from_error(&Error::invalid_key("too long")).to_http();
+        assert_problem(&invalid, 400, problem_type::INVALID_KEY);
+
+        let full = Error::QuotaExceeded {
+            limit: "max_records",
+            used: 10,
+            max: 10,
+        };
+        let full = Problem::from_error(&full).to_http();
+        assert_problem(&full, 503, problem_type::STORE_FULL);
+        assert_eq!(
+            retry_after(&full),
+            Some(QUOTA_RETRY_AFTER_SECS.to_string().as_str())
+        );
+        let custom = Problem::quota_exceeded(7).to_http();
+        assert_problem(&custom, 503, problem_type::STORE_FULL);
+        assert_eq!(retry_after(&custom), Some("7"));
+
+        let lost = Problem::from_error(&Error::LeaseLost).to_http();
+        assert_problem(&lost, 409, problem_type::IN_PROGRESS);
+        assert_eq!(retry_after(&lost), Some("1"));
+
+        let disk = Error::storage("committing", std::io::Error::other("disk on fire"));
+        let disk = Problem::from_error(&disk).to_http();
+        assert_problem(&disk, 503, problem_type::UNAVAILABLE);
+        assert_eq!(retry_after(&disk), Some("1"));
+        assert!(!String::from_utf8_lossy(disk.body()).contains("disk on fire"));
+        let damaged = Problem::from_error(&Error::corrupted("bad record")).to_http();
+        assert_problem(&damaged, 500, problem_type::INTERNAL);
+    }
+
+    #[test]
+    fn problem_types_are_stable_uris_and_distinct() {
+        let prefix = "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
+        let mut all = problem_type::ALL.to_vec();
+        assert!(all.iter().all(|t| t.starts_with(prefix)));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), problem_type::ALL.len());
+    }
+
+    #[test]
+    fn problem_as_a_stored_response() {
+        let problem = Problem::new(
+            StatusCode::PAYMENT_REQUIRED,
+            "https://example.com/declined",
+            "Card declined",
+            "The card was declined.",
+        )
+        .with_retry_after(3);
+        let stored = problem.to_response();
+        assert_eq!(stored.status, 402);
+        let (stored, direct) = (to_http(stored).expect("valid"), problem.to_http());
+        assert_eq!(stored.status(), direct.status());
+        assert_eq!(stored.headers(), direct.headers());
+        assert_eq!(stored.body(), direct.body());
+    }
+}
