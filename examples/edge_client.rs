@@ -108,7 +108,16 @@ fn flush(outbox: &Outbox, agent: &ureq::Agent, args: &Args, id: &str) -> Result<
     };
     crash_point("after-begin");
     let url = format!("{}/payments", args.server);
-    let headers = [("content-type", "application/json")];
+    // While an earlier attempt of this payment is still running on the server (the device
+    // died mid-request and was restarted), ask the server to hold this one until the answer
+    // exists (RFC 7240), for a second less than this request's own timeout; without it the
+    // server answers 409 after its own short wait, and the answer is fetched a
+    // `Retry-After` later.
+    let wait = format!("wait={}", (args.timeout_ms / 1000).saturating_sub(1));
+    let mut headers = vec![("content-type", "application/json")];
+    if args.timeout_ms >= 2000 {
+        headers.push(("prefer", &wait));
+    }
     let policy = RetryPolicy::new()
         .max_attempts(4)
         .backoff(Duration::from_millis(50), Duration::from_secs(2));

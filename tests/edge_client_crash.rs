@@ -10,6 +10,10 @@
 //! key. The same run with `--fresh-key-per-retry` (the classic mistake: a new key per
 //! attempt) must show double charges: the negative control that proves the check can fail.
 //!
+//! Apart from that soak, one client is SIGKILLed while its request is in flight (the server is
+//! inside a 2.5 s charge) and restarted at once: it must get its answer within 1 s of the
+//! charge finishing, with one charge (issue 39).
+//!
 //! Each test binary role runs in child mode: this binary with `EDGE_ROLE` set.
 
 use std::collections::BTreeMap;
@@ -30,6 +34,16 @@ mod axum_payments;
 #[allow(dead_code)] // its `main` is not used here
 #[path = "../examples/edge_client.rs"]
 mod edge_client;
+
+// The sync server, for the control of the kill mid-request. It includes the service's files
+// as `axum_payments` does: two copies of the same modules, each server using its own.
+#[allow(dead_code, clippy::duplicate_mod)] // its `main` is not used here
+#[path = "../examples/payments_server.rs"]
+mod payments_server;
+
+#[allow(dead_code)]
+#[path = "../examples/payments_service/client.rs"]
+mod http_client;
 
 use axum_payments::server::LEDGER;
 
@@ -55,6 +69,7 @@ fn child() {
         .collect();
     match role.as_str() {
         "server" => axum_payments::run(args.into_iter()).expect("axum_payments"),
+        "sync-server" => payments_server::run(args.into_iter()).expect("payments_server"),
         "client" => {
             let parsed = <edge_client::Args as clap::Parser>::try_parse_from(
                 std::iter::once("edge_client".to_owned()).chain(args),
@@ -100,7 +115,17 @@ impl Server {
             "--drop-answers".to_owned(),
             drop_answers.to_string(),
         ];
-        let mut child = spawn("server", &args, &[]);
+        Server::start_with(&args)
+    }
+
+    /// The server with these options (`--db` and `--listen` among them).
+    fn start_with(args: &[String]) -> Server {
+        Server::start_as("server", args)
+    }
+
+    /// `role`'s server (`server`: `axum_payments`; `sync-server`: `payments_server`).
+    fn start_as(role: &str, args: &[String]) -> Server {
+        let mut child = spawn(role, args, &[]);
         let out = BufReader::new(child.stdout.take().expect("stdout"));
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -359,5 +384,178 @@ fn a_fresh_key_per_retry_charges_twice() {
     assert!(
         !doubles.is_empty(),
         "no double charge: the check could not fail"
+    );
+}
+
+// ---------------------------------------------------------------- killed mid-request
+
+/// How long the charge takes on the server (`--delay-ms`): the client dies inside it.
+const SLOW_CHARGE: Duration = Duration::from_millis(2500);
+
+/// The client's stdout, line by line, with the moment each arrived.
+fn timed_lines(child: &mut Child) -> std::sync::mpsc::Receiver<(Instant, String)> {
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    rx
+}
+
+/// The value of one counter series in a Prometheus text page (0 if absent).
+fn counter(page: &str, series: &str) -> u64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 39: the device is SIGKILLed while its payment's request is in flight (the server
+/// holds the key and is inside a 2.5 s charge), and restarted at once on the same file. Its
+/// outbox resends the payment with the same key; the payment must be answered (or replayed)
+/// within 1 s of the charge finishing, not after a lease, and charged once. Before the fix,
+/// the dropped connection cancelled the charge half way, and every resend got 409 for the
+/// whole lease (60 s).
+#[test]
+fn a_client_killed_mid_request_gets_its_answer_within_1s_of_the_charge() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    killed_mid_request("server");
+}
+
+/// The same against the sync `payments_server` (`http::handle`, whose handler keeps its thread
+/// whatever the connection does): the control that shows the scenario could pass before the
+/// tower layer's fix.
+#[test]
+fn a_client_killed_mid_request_gets_its_answer_from_the_sync_server() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    killed_mid_request("sync-server");
+}
+
+/// Kills a client mid-request against `role`'s server (with its defaults besides the charge's
+/// delay) and checks what its restart gets. The client's 5 s
+/// timeout makes it send `Prefer: wait=4`: its resend waits on the server for the answer.
+fn killed_mid_request(role: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server_db, device) = (
+        dir.path().join("server.redb"),
+        dir.path().join("device.redb"),
+    );
+    let port = free_port();
+    let _server = Server::start_as(
+        role,
+        &[
+            "--db".to_owned(),
+            server_db.display().to_string(),
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--delay-ms".to_owned(),
+            SLOW_CHARGE.as_millis().to_string(),
+        ],
+    );
+    let http = http_client::Client::new(format!("127.0.0.1:{port}").parse().expect("address"))
+        .with_timeout(Duration::from_secs(5));
+    let args: Vec<String> = [
+        "--db",
+        &device.display().to_string(),
+        "--server",
+        &format!("http://127.0.0.1:{port}"),
+        "--payments",
+        "1",
+        "--prefix",
+        "killed",
+        "--timeout-ms",
+        "5000",
+        "--max-seconds",
+        "30",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+
+    // The first run: killed once the server has taken the key (the charge is running).
+    let mut first = spawn("client", &args, &[]);
+    let first_lines = timed_lines(&mut first);
+    let acquired = r#"idempotency_claims_total{backend="redb",outcome="acquired"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = http.get("/metrics").expect("GET /metrics").body;
+        if counter(&page, acquired) >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client's request did not reach the server within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    first.kill().expect("SIGKILL the client");
+    let status = first.wait().expect("wait");
+    let killed_at = Instant::now();
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "the client ended before the kill");
+    }
+    // Its stdout may still be on its way through the reader thread.
+    let key = std::iter::from_fn(|| first_lines.recv_timeout(Duration::from_secs(5)).ok())
+        .find_map(|(_, line)| Some(line.split_once(" key=")?.1.to_owned()))
+        .expect("the first run printed its key");
+
+    // The restart, at once, on the same device file.
+    let mut second = spawn("client", &args, &[]);
+    let second_lines = timed_lines(&mut second);
+    let mut charged_at = None;
+    let mut delivered = None;
+    let deadline = killed_at + Duration::from_secs(15);
+    while delivered.is_none() && Instant::now() < deadline {
+        if charged_at.is_none() {
+            let ledger = http.get("/ledger").expect("GET /ledger").json();
+            if ledger["count"] != 0 {
+                charged_at = Some(Instant::now());
+            }
+        }
+        delivered = second_lines
+            .try_iter()
+            .find(|(_, line)| line.starts_with("delivered "));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = second.kill();
+    let exited = second.wait().expect("wait");
+    let ledger = http.get("/ledger").expect("GET /ledger").json();
+    let since = |at: Instant| at.duration_since(killed_at);
+    eprintln!(
+        "edge client killed mid-request ({role}): charge in the ledger {:?} after the kill, restarted \
+         client answered {:?} after the kill ({:?}); ledger {ledger}",
+        charged_at.map(since),
+        delivered.as_ref().map(|(at, _)| since(*at)),
+        delivered.as_ref().map(|(_, line)| line.as_str()),
+    );
+    let charged_at = charged_at.unwrap_or_else(|| {
+        panic!("no charge within 15 s of the kill: the charge did not outlive the connection")
+    });
+    let (answered_at, line) = delivered.unwrap_or_else(|| {
+        panic!("the restarted client got no final answer within 15 s of the kill ({exited})")
+    });
+    assert!(
+        line.contains("status=201"),
+        "the restarted client's answer: {line}"
+    );
+    assert_eq!(ledger["count"], 1, "charged more than once: {ledger}");
+    assert_eq!(
+        ledger["charges"][0]["idempotencyKey"], key,
+        "the charge is not the client's key: {ledger}"
+    );
+    assert!(
+        line.contains(ledger["charges"][0]["id"].as_str().expect("an id")),
+        "the client got another charge's answer: {line} / {ledger}"
+    );
+    let late = answered_at.saturating_duration_since(charged_at);
+    eprintln!("edge client killed mid-request ({role}): answered {late:?} after the charge");
+    assert!(
+        late <= Duration::from_secs(1),
+        "the restarted client got its answer {late:?} after the charge (at most 1 s)"
     );
 }

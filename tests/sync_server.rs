@@ -3,7 +3,8 @@
 //! hold a thread nor delay a normal request, and are cut off; chunked bodies are read and the
 //! next request on the connection is served; conflicting or malformed lengths are refused,
 //! never served; HEAD answers carry no body; the 16 KiB body cap, the body timeout and the
-//! write timeout hold; a stop closes the store.
+//! write timeout hold; a stop closes the store; a client that hangs up mid-request leaves a
+//! charge that runs to its end once, and its retry gets the stored answer.
 //!
 //! The clients write raw bytes over `std::net::TcpStream`, since a well-behaved HTTP client
 //! cannot send what these tests need to send.
@@ -482,6 +483,86 @@ fn a_client_that_reads_no_answer_is_disconnected_and_frees_its_slot() {
     assert!(
         received.len() < BIG,
         "the stuck client got its whole answer"
+    );
+}
+
+// ---------------------------------------------------------------- a client that hangs up
+
+/// Issue 39: a client with a 1 s timeout on a 2.5 s charge hangs up mid-request. The sync
+/// `handle` keeps its thread, so the charge runs to its end once and is stored; every retry
+/// with the same key gets 409 while it runs, then the stored answer (never a second charge).
+#[test]
+fn a_client_that_hangs_up_mid_request_gets_the_stored_answer_on_retry() {
+    const CHARGE: Duration = Duration::from_millis(2500);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = server::store_builder()
+        .open(dir.path().join("payments.redb"))
+        .expect("store");
+    let options = server::Options {
+        wait: Duration::ZERO,
+        charge_delay: CHARGE,
+        threads: 2,
+    };
+    let payments = server::Payments::open(store, options).expect("payments");
+    let running = server::start(payments, "127.0.0.1:0").expect("start");
+    let http = Client::new(running.addr());
+    let body = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_hangup"}"#;
+
+    let started = Instant::now();
+    let first = http
+        .with_timeout(Duration::from_secs(1))
+        .post("/payments", Some("hangup-1"), body);
+    let hung_up = started.elapsed();
+    let err = first.expect_err("the 1 s client got an answer to a 2.5 s charge");
+    assert!(
+        matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        "{err}"
+    );
+
+    // Retry every 50 ms until the answer is final, and watch the ledger for the charge.
+    let (mut in_progress, mut charged_at, mut answer) = (0, None, None);
+    while started.elapsed() < Duration::from_secs(15) {
+        if charged_at.is_none() {
+            let ledger = http.get("/ledger").expect("ledger");
+            if ledger.json()["count"] != 0 {
+                charged_at = Some(started.elapsed());
+            }
+        }
+        let reply = http
+            .post("/payments", Some("hangup-1"), body)
+            .expect("retry");
+        if reply.status == 409 {
+            in_progress += 1;
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        answer = Some((started.elapsed(), reply));
+        break;
+    }
+    let (answered_at, reply) = answer.expect("no final answer within 15 s");
+    let ledger = http.get("/ledger").expect("ledger").json();
+    let charged_at = charged_at.unwrap_or(answered_at);
+    eprintln!(
+        "sync hang-up: client gave up at {hung_up:?}; {in_progress} retries got 409; charge in \
+         the ledger by {charged_at:?}; the retry got {} (replayed: {}) at {answered_at:?}",
+        reply.status,
+        reply.replayed()
+    );
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert!(
+        reply.replayed(),
+        "the retry's answer was not the stored one: {reply:?}"
+    );
+    assert_eq!(ledger["count"], 1, "charged more than once: {ledger}");
+    assert_eq!(ledger["charges"][0]["id"], reply.json()["id"], "{ledger}");
+    assert!(
+        answered_at >= CHARGE,
+        "answered before the charge could have run to its end: {answered_at:?}"
+    );
+    assert!(
+        answered_at < charged_at + Duration::from_secs(1),
+        "the retry got the stored answer {:?} after the charge",
+        answered_at.saturating_sub(charged_at)
     );
 }
 
