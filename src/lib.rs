@@ -165,8 +165,6 @@ pub use crate::error::{Error, Result};
 pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
 pub use crate::store::admin::Records;
-#[allow(deprecated)]
-pub use crate::store::builder::Builder;
 pub use crate::store::builder::{Durability, StoreBuilder};
 pub use crate::store::sweep::Sweeper;
 

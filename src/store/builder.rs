@@ -69,10 +69,6 @@ pub struct StoreBuilder {
     pub(crate) replay_cache: usize,
 }
 
-/// The name [`StoreBuilder`] had before the PostgreSQL backend brought `PgStoreBuilder`.
-#[deprecated(note = "renamed to `StoreBuilder`")]
-pub type Builder = StoreBuilder;
-
 impl Default for StoreBuilder {
     fn default() -> Self {
         StoreBuilder {

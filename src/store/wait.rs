@@ -141,6 +141,7 @@ impl Store {
     /// How many times a [`claim_wait`](Store::claim_wait) caller has been woken by a settling
     /// call since the store was opened (timeouts not counted).
     #[cfg(feature = "__test-hooks")]
+    #[doc(hidden)]
     #[must_use]
     pub fn wait_wakeups(&self) -> u64 {
         self.waiters.wakeups.load(Ordering::Relaxed)
