@@ -12,12 +12,25 @@ use idempotency_store::{Claim, IdempotencyStore, Key, RecordState, Store};
 use parking_lot::Mutex;
 
 /// What the handler saw: how many runs started and finished, and when the last one finished.
-#[derive(Default)]
 struct Ledger {
     started: AtomicUsize,
     finished: AtomicUsize,
     finished_at: Mutex<Option<Instant>>,
     attempts: Mutex<Vec<u32>>,
+    /// Opened by a test: every handler still sleeping finishes at once.
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger {
+            started: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            finished_at: Mutex::new(None),
+            attempts: Mutex::new(Vec::new()),
+            gate: tokio::sync::watch::channel(false).0,
+        }
+    }
 }
 
 struct Server {
@@ -48,7 +61,11 @@ impl Server {
                             .map_or(0, |watch| watch.attempt());
                         ledger.attempts.lock().push(attempt);
                         let n = ledger.started.fetch_add(1, Ordering::SeqCst) + 1;
-                        tokio::time::sleep(delay).await;
+                        let mut gate = ledger.gate.subscribe();
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            _ = gate.wait_for(|open| *open) => {}
+                        }
                         ledger.finished.fetch_add(1, Ordering::SeqCst);
                         *ledger.finished_at.lock() = Some(Instant::now());
                         (axum::http::StatusCode::CREATED, format!("charge {n}"))
@@ -211,23 +228,26 @@ fn a_live_operation_longer_than_its_lease_runs_once_for_a_client_that_gives_up()
     println!("one run of 5 s on a 3 s lease; the client tried {tries} times");
 }
 
-/// Fires `count` requests whose clients give up after 200 ms, and waits until every handler
-/// runs.
+/// Sends `count` requests, waits until every handler runs, then hangs up on all of them.
 fn start_in_flight(server: &Server, prefix: &str, count: usize) {
-    std::thread::scope(|scope| {
-        for i in 0..count {
-            let addr = server.addr;
-            scope.spawn(move || {
-                let agent = agent(Duration::from_millis(200));
-                let _ = post(&agent, addr, &format!("{prefix}-{i}"), &[], "{}");
-            });
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
+    use std::io::Write;
+    let streams: Vec<std::net::TcpStream> = (0..count)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(server.addr).expect("connect");
+            let head = format!(
+                "POST /payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"{prefix}-{i}\"\r\n\
+                 Content-Length: 2\r\n\r\n{{}}"
+            );
+            stream.write_all(head.as_bytes()).expect("send");
+            stream
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
     while server.ledger.started.load(Ordering::SeqCst) < count {
         assert!(Instant::now() < deadline, "the handlers never started");
         std::thread::sleep(Duration::from_millis(10));
     }
+    drop(streams);
 }
 
 fn states(store: &Store, prefix: &str, count: usize) -> (usize, usize, usize) {
@@ -248,14 +268,21 @@ fn states(store: &Store, prefix: &str, count: usize) -> (usize, usize, usize) {
 fn a_graceful_shutdown_settles_all_fifty_operations_in_flight() {
     let dir = tempfile::tempdir().expect("dir");
     let store = durable_store(&dir, Duration::from_secs(10));
-    // They finish within the deadline: each is completed.
+    // They finish within the deadline (their gate opens 300 ms into the drain): each is
+    // completed.
     let mut server = Server::start(
         Arc::clone(&store) as Arc<dyn IdempotencyStore>,
         HandleOptions::new(),
-        Duration::from_secs(1),
+        Duration::from_secs(60),
     );
     start_in_flight(&server, "drain", 50);
-    let report = server.shut_down(Duration::from_secs(10));
+    let ledger = Arc::clone(&server.ledger);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        ledger.gate.send_replace(true);
+    });
+    let report = server.shut_down(Duration::from_secs(20));
+    opener.join().expect("opener");
     println!("{report:?}");
     assert_eq!((report.in_flight, report.finished), (50, 50), "{report:?}");
     assert_eq!(report.left_in_progress, 0);

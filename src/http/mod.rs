@@ -165,6 +165,8 @@ mod prefer;
 mod problem;
 mod response;
 mod retry_after;
+#[cfg(feature = "tower")]
+mod runner;
 #[cfg(test)]
 mod testing;
 #[cfg(feature = "tower")]
