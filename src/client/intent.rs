@@ -102,6 +102,8 @@ pub struct Pending {
     pub begun_at: Timestamp,
     /// How many sends were recorded.
     pub attempts: u32,
+    /// What the last send came to, if there was one.
+    pub last: Option<Sent>,
 }
 
 /// The intent's durable state: the recovery point of its record.
@@ -186,6 +188,7 @@ impl State {
             key: self.key.clone(),
             begun_at: Timestamp::from_millis(self.begun_at),
             attempts: u32::try_from(self.attempts.len()).unwrap_or(u32::MAX),
+            last: self.attempts.last().map(|a| a.sent),
         }
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, ClaimId, RecordState};
+use crate::api::outcome::{Claim, ClaimId, RecordState, RecordView};
 use crate::api::response::Response;
 use crate::client::intent::{Begun, Intent, Pending, Sent, State};
 use crate::error::{Error, Result};
@@ -154,19 +154,35 @@ impl Outbox {
         let mut out = Vec::new();
         for stored in self.store.records()? {
             let stored = stored?;
-            if stored.key.scope() != Some(SCOPE) || stored.record.expires_at <= now {
+            if stored.record.expires_at <= now {
                 continue;
             }
-            if let RecordState::InProgress {
-                checkpoint: Some(bytes),
-                ..
-            } = &stored.record.state
-            {
-                out.push(State::decode(bytes)?.pending(stored.key.key().to_owned()));
+            if let Some(pending) = Outbox::intent_of(&stored.key, &stored.record)? {
+                out.push(pending);
             }
         }
         out.sort_by(|a, b| (a.begun_at, &a.operation_id).cmp(&(b.begun_at, &b.operation_id)));
         Ok(out)
+    }
+
+    /// The unfinished intent that a stored record holds, if it is one (a record of the scope
+    /// [`SCOPE`], in progress, with the outbox's state): for tools that walk a store's records,
+    /// such as the operator CLI, which must not treat an intent as a stuck request. Expiry is
+    /// not checked.
+    ///
+    /// # Errors
+    /// [`Error::Corrupted`] for a record of the scope whose state does not decode.
+    pub fn intent_of(key: &Key, record: &RecordView) -> Result<Option<Pending>> {
+        if key.scope() != Some(SCOPE) {
+            return Ok(None);
+        }
+        match &record.state {
+            RecordState::InProgress {
+                checkpoint: Some(bytes),
+                ..
+            } => Ok(Some(State::decode(bytes)?.pending(key.key().to_owned()))),
+            _ => Ok(None),
+        }
     }
 
     /// Stores the intent's state as its record's recovery point. A lease that lapsed and was

@@ -24,7 +24,7 @@ use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordView, Replay};
 use crate::api::record::{Record, Verdict, verdict};
 use crate::api::response::Response;
 use crate::api::series;
-use crate::api::settings::Settings;
+use crate::api::settings::{Settings, WhenFull};
 use crate::engine::handle::Engine;
 use crate::engine::ops::{Checkpoint, ClaimKey, Complete, Heartbeat, Release};
 #[cfg(doc)]
@@ -76,7 +76,7 @@ impl Store {
 
     pub(crate) fn new(engine: Engine, config: StoreBuilder, path: Option<PathBuf>) -> Store {
         let show_keys = config.settings.trace_keys;
-        let evicts = config.when_full == crate::WhenFull::EvictOldestCompleted;
+        let evicts = config.when_full == WhenFull::EvictOldestCompleted;
         let replays = replay_cache::ReplayCache::new(if evicts { 0 } else { config.replay_cache });
         Store {
             replays,
