@@ -7,6 +7,7 @@ use ::postgres::Row;
 use super::PgStore;
 use super::rows::{col, parts, pg, record_from};
 use super::sql::{RECORD_COLUMNS, after_lock, key_lock};
+use super::typed::Query;
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::outcome::{ForceRelease, RecordState, RecordView};
@@ -104,12 +105,12 @@ impl PgStore {
     fn page_after(&self, scope: &str, key: &str) -> Result<Vec<Row>> {
         let sql = format!(
             "SELECT r.scope, r.key, {RECORD_COLUMNS} FROM {} AS r \
-             WHERE (r.scope, r.key) > ($1::text, $2::text) ORDER BY r.scope, r.key LIMIT $3",
+             WHERE (r.scope, r.key) > ($1::text, $2::text) ORDER BY r.scope, r.key LIMIT $3::bigint",
             self.table()
         );
         self.with_conn(|client, _| {
-            client
-                .query(sql.as_str(), &[&scope, &key, &PAGE])
+            Query::new(sql)
+                .query(client, &[&scope, &key, &PAGE])
                 .map_err(|e| pg("listing records", e))
         })
     }
@@ -130,8 +131,9 @@ impl PgStore {
         let (scope, name) = parts(key);
         let now = self.now_param();
         self.with_conn(|client, st| {
-            let row = client
-                .query_one(&st.select, &[&now, &scope, &name])
+            let row = st
+                .select
+                .query_one(client, &[&now, &scope, &name])
                 .map_err(|e| pg("reading a record", e))?;
             Ok(record_from(&row, 1)?.map(Record::into_view))
         })
@@ -148,21 +150,20 @@ impl PgStore {
     pub fn force_release(&self, key: &Key) -> Result<ForceRelease> {
         self.check_key(key)?;
         let (scope, name) = parts(key);
-        let sql = format!(
+        let sql = Query::new(format!(
             "{} DELETE FROM {} AS r USING c WHERE r.scope = $2::text AND r.key = $3::text \
              AND r.state = 'in_progress' AND r.expires_at > c.now \
              RETURNING r.attempt, r.lease_until",
             after_lock(&key_lock("$2", "$3")),
             self.table()
-        );
+        ));
         // The delete's snapshot predates its wait for the key's lock: a record that a claim
         // made meanwhile is not one it can see, so it tries again rather than call that
         // record completed.
         for _ in 0..FORCE_RELEASE_ROUNDS {
             let now = self.now_param();
             let deleted = self.with_conn(|client, _| {
-                client
-                    .query_opt(sql.as_str(), &[&now, &scope, &name])
+                sql.query_opt(client, &[&now, &scope, &name])
                     .map_err(|e| pg("releasing a key", e))
             })?;
             if let Some(row) = deleted {

@@ -2,11 +2,12 @@
 //! operations, with the fenced writes and the settlement check of `complete` and `release`.
 
 use ::postgres::types::ToSql;
-use ::postgres::{IsolationLevel, Row, Statement};
+use ::postgres::{IsolationLevel, Row};
 
-use super::conn::Statements;
 use super::metrics::Unmetered;
 use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
+use super::sql::{Sql, VERIFY_BATCH};
+use super::typed::Query;
 use super::{PgStore, quota};
 #[cfg(doc)]
 use crate::api::backend::IdempotencyStore;
@@ -25,15 +26,12 @@ use crate::error::{Error, Result};
 /// default 64 locks per connection slot), claims included.
 const SWEEP_STATEMENT: usize = SWEEP_BATCH;
 
-/// Rows fetched per round trip by `verify`.
-const VERIFY_BATCH: i32 = 1000;
-
 impl PgStore {
     /// Runs a fenced write (`$1` now, `$2` scope, `$3` key, `$4` token, then `extra`) and
     /// returns its rows; none means the lease is lost.
     fn fenced(
         &self,
-        pick: fn(&Statements) -> &Statement,
+        pick: fn(&Sql) -> &Query,
         lease: &Lease,
         extra: &[&(dyn ToSql + Sync)],
         context: &'static str,
@@ -44,8 +42,8 @@ impl PgStore {
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&now, &scope, &name, &token];
         params.extend_from_slice(extra);
         self.with_conn(|client, st| {
-            let rows = client
-                .query(pick(st), &params)
+            let rows = pick(st)
+                .query(client, &params)
                 .map_err(|e| pg(context, e))?;
             if rows.is_empty() {
                 return Err(Error::LeaseLost);
@@ -70,8 +68,9 @@ impl PgStore {
                 let (scope, name) = parts(&lease.key);
                 let now = self.now_param();
                 let record = self.with_conn(|client, st| {
-                    let row = client
-                        .query_one(&st.select, &[&now, &scope, &name])
+                    let row = st
+                        .select
+                        .query_one(client, &[&now, &scope, &name])
                         .map_err(|e| pg("reading a record", e))?;
                     record_from(&row, 1)
                 })?;
@@ -146,8 +145,9 @@ impl Unmetered for PgStore {
         let (scope, name) = parts(key);
         let now = self.now_param();
         self.with_conn(|client, st| {
-            let row = client
-                .query_one(&st.select, &[&now, &scope, &name])
+            let row = st
+                .select
+                .query_one(client, &[&now, &scope, &name])
                 .map_err(|e| pg("reading a record", e))?;
             let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
             Ok(record_from(&row, 1)?
@@ -165,11 +165,9 @@ impl Unmetered for PgStore {
             while deleted < limit {
                 let chunk = (limit - deleted).min(SWEEP_STATEMENT);
                 let now = self.now_param();
-                let row = client
-                    .query_one(
-                        &st.sweep,
-                        &[&now, &i64::try_from(chunk).unwrap_or(i64::MAX)],
-                    )
+                let row = st
+                    .sweep
+                    .query_one(client, &[&now, &i64::try_from(chunk).unwrap_or(i64::MAX)])
                     .map_err(|e| pg("sweeping expired records", e))?;
                 let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
                 let (gone, candidates) = (count(0)?, count(1)?);
@@ -191,12 +189,15 @@ impl Unmetered for PgStore {
                 .read_only(true)
                 .start()
                 .map_err(|e| pg("verifying", e))?;
-            let portal = txn.bind(&st.verify, &[]).map_err(|e| pg("verifying", e))?;
+            st.verify
+                .execute(&mut txn, &[])
+                .map_err(|e| pg("verifying", e))?;
             let mut report = VerifyReport::default();
             let mut max_token = 0u64;
             loop {
-                let rows = txn
-                    .query_portal(&portal, VERIFY_BATCH)
+                let rows = st
+                    .verify_fetch
+                    .query(&mut txn, &[])
                     .map_err(|e| pg("verifying", e))?;
                 for row in &rows {
                     report.records += 1;
@@ -208,8 +209,9 @@ impl Unmetered for PgStore {
             }
             // Read after the walk: sequences are not transactional, so this is at least as high as
             // any token the snapshot holds.
-            let row = txn
-                .query_one(&st.sequence, &[])
+            let row = st
+                .sequence
+                .query_one(&mut txn, &[])
                 .map_err(|e| pg("verifying", e))?;
             let (last, called): (i64, bool) = (col(&row, 0)?, col(&row, 1)?);
             let issued = if called { last } else { last - 1 };
@@ -230,8 +232,9 @@ impl Unmetered for PgStore {
     fn stats(&self) -> Result<Stats> {
         let now = self.now_param();
         self.with_conn(|client, st| {
-            let row = client
-                .query_one(&st.stats, &[&now])
+            let row = st
+                .stats
+                .query_one(client, &[&now])
                 .map_err(|e| pg("counting records", e))?;
             let count =
                 |i| -> Result<u64> { u64::try_from(col::<i64>(&row, i)?).map_err(bad_count) };

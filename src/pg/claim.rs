@@ -6,8 +6,8 @@ use std::time::Instant;
 use ::postgres::GenericClient;
 use ::postgres::types::ToSql;
 
-use super::conn::Statements;
 use super::rows::{attempt_col, col, millis_col, pg, record_from, token_col};
+use super::sql::Sql;
 use super::{PgStore, quota};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
@@ -64,7 +64,8 @@ impl PgStore {
             // An injected clock is read here, not in SQL: lock the key first, in a transaction,
             // so that the time is read after the claim has the key to itself.
             let mut txn = client.transaction().map_err(|e| pg("claiming a key", e))?;
-            txn.query(&st.lock, &[&args.scope, &args.name])
+            st.lock
+                .query(&mut txn, &[&args.scope, &args.name])
                 .map_err(|e| pg("claiming a key", e))?;
             let claim = self.claim_rounds(&mut txn, st, &args)?;
             txn.commit().map_err(|e| pg("claiming a key", e))?;
@@ -80,7 +81,7 @@ impl PgStore {
     fn claim_rounds(
         &self,
         client: &mut impl GenericClient,
-        st: &Statements,
+        st: &Sql,
         args: &ClaimArgs<'_>,
     ) -> Result<Claim> {
         let key = args.key;
@@ -98,8 +99,9 @@ impl PgStore {
             ];
             // A new key: the insert wins or loses atomically on the primary key.
             let sent = Instant::now();
-            if let Some(row) = client
-                .query_opt(&st.insert, &claim_params)
+            if let Some(row) = st
+                .insert
+                .query_opt(client, &claim_params)
                 .map_err(|e| pg("claiming a key", e))?
             {
                 let lease = Lease::new(
@@ -112,8 +114,9 @@ impl PgStore {
                 return Ok(self.unless_lapsed(lease, sent));
             }
             // The key exists: decide as the redb store does, on a fresh snapshot.
-            let row = client
-                .query_one(&st.select, &[&now, &args.scope, &args.name])
+            let row = st
+                .select
+                .query_one(client, &[&now, &args.scope, &args.name])
                 .map_err(|e| pg("reading a record", e))?;
             let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
             let Some(record) = record_from(&row, 1)? else {
@@ -126,8 +129,9 @@ impl PgStore {
             }
             // Expired or lapsed: take it over if it still is, re-checked on the latest row.
             let sent = Instant::now();
-            if let Some(row) = client
-                .query_opt(&st.takeover, &claim_params)
+            if let Some(row) = st
+                .takeover
+                .query_opt(client, &claim_params)
                 .map_err(|e| pg("taking a key over", e))?
             {
                 let lease = Lease::new(

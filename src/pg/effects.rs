@@ -78,8 +78,9 @@ impl PgStore {
                 .transaction()
                 .map_err(|e| pg("starting a transaction", e))?;
             let now = self.now_param();
-            if txn
-                .query_opt(&st.lock_lease, &[&now, &scope, &name, &token])
+            if st
+                .lock_lease
+                .query_opt(&mut txn, &[&now, &scope, &name, &token])
                 .map_err(|e| pg("locking a record", e))?
                 .is_none()
             {
@@ -89,9 +90,10 @@ impl PgStore {
                 return Ok(Err(err));
             }
             let now = self.now_param();
-            let stored = txn
+            let stored = st
+                .complete
                 .query_opt(
-                    &st.complete,
+                    &mut txn,
                     &[
                         &now,
                         &scope,

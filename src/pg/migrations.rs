@@ -6,6 +6,7 @@ use ::postgres::Client;
 use super::quota;
 use super::rows::{col, pg};
 use super::sql::CLAIM_LOCK_CLASS;
+use super::typed::Query;
 use crate::error::{Error, Result};
 
 /// The schema version this build migrates to.
@@ -132,24 +133,27 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
         i64::from_le_bytes(first)
     };
     let mut txn = client.transaction().map_err(|e| pg(CONTEXT, e))?;
-    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+    Query::new("SELECT pg_advisory_xact_lock($1::bigint)".to_owned())
+        .execute(&mut txn, &[&lock])
         .map_err(|e| pg(CONTEXT, e))?;
     // DDL only when something is missing, so that a role without CREATE rights can open an
     // already migrated schema.
     let exists = |txn: &mut ::postgres::Transaction<'_>, sql: &str| -> Result<bool> {
-        let row = txn.query_one(sql, &[&schema]).map_err(|e| pg(CONTEXT, e))?;
+        let row = Query::new(sql.to_owned())
+            .query_one(txn, &[&schema])
+            .map_err(|e| pg(CONTEXT, e))?;
         col(&row, 0)
     };
     if !exists(
         &mut txn,
-        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1::text)",
     )? {
         txn.batch_execute(&format!("CREATE SCHEMA \"{schema}\""))
             .map_err(|e| pg(CONTEXT, e))?;
     }
     if !exists(
         &mut txn,
-        "SELECT to_regclass(quote_ident($1) || '.idempotency_schema_migrations') IS NOT NULL",
+        "SELECT to_regclass(quote_ident($1::text) || '.idempotency_schema_migrations') IS NOT NULL",
     )? {
         txn.batch_execute(&format!(
             "CREATE TABLE \"{schema}\".idempotency_schema_migrations ( \
@@ -159,15 +163,14 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
         ))
         .map_err(|e| pg(CONTEXT, e))?;
     }
-    let applied: Vec<i32> = txn
-        .query(
-            &format!("SELECT version FROM \"{schema}\".idempotency_schema_migrations"),
-            &[],
-        )
-        .map_err(|e| pg(CONTEXT, e))?
-        .iter()
-        .map(|row| col(row, 0))
-        .collect::<Result<_>>()?;
+    let applied: Vec<i32> = Query::new(format!(
+        "SELECT version FROM \"{schema}\".idempotency_schema_migrations"
+    ))
+    .query(&mut txn, &[])
+    .map_err(|e| pg(CONTEXT, e))?
+    .iter()
+    .map(|row| col(row, 0))
+    .collect::<Result<_>>()?;
     if let Some(newer) = applied.iter().copied().find(|&v| v > SCHEMA_VERSION) {
         return Err(newer_schema(schema, newer));
     }
@@ -187,13 +190,11 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
                 pg(CONTEXT, e)
             }
         })?;
-        txn.execute(
-            &format!(
-                "INSERT INTO \"{schema}\".idempotency_schema_migrations (version, description) \
-                 VALUES ($1, $2)"
-            ),
-            &[&version, &description],
-        )
+        Query::new(format!(
+            "INSERT INTO \"{schema}\".idempotency_schema_migrations (version, description) \
+             VALUES ($1::integer, $2::text)"
+        ))
+        .execute(&mut txn, &[&version, &description])
         .map_err(|e| pg(CONTEXT, e))?;
     }
     if track_usage {
@@ -207,13 +208,13 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
 /// migrating: a missing, older or newer schema is [`Error::NotAStore`], saying what to do.
 pub(super) fn check(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
     const CONTEXT: &str = "checking the PostgreSQL schema";
-    let row = client
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1), \
-             to_regclass(quote_ident($1) || '.idempotency_schema_migrations') IS NOT NULL",
-            &[&schema],
-        )
-        .map_err(|e| pg(CONTEXT, e))?;
+    let row = Query::new(
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1::text), \
+         to_regclass(quote_ident($1::text) || '.idempotency_schema_migrations') IS NOT NULL"
+            .to_owned(),
+    )
+    .query_one(client, &[&schema])
+    .map_err(|e| pg(CONTEXT, e))?;
     let not_a_store = |what: String| {
         Err(Error::NotAStore {
             reason: format!(
@@ -229,12 +230,11 @@ pub(super) fn check(client: &mut Client, schema: &str, track_usage: bool) -> Res
             "schema \"{schema}\" holds no idempotency store (no idempotency_schema_migrations)"
         ));
     }
-    let row = client
-        .query_one(
-            &format!("SELECT max(version) FROM \"{schema}\".idempotency_schema_migrations"),
-            &[],
-        )
-        .map_err(|e| pg(CONTEXT, e))?;
+    let row = Query::new(format!(
+        "SELECT max(version) FROM \"{schema}\".idempotency_schema_migrations"
+    ))
+    .query_one(client, &[])
+    .map_err(|e| pg(CONTEXT, e))?;
     match col::<Option<i32>>(&row, 0)?.unwrap_or(0) {
         SCHEMA_VERSION => {}
         newer if newer > SCHEMA_VERSION => return Err(newer_schema(schema, newer)),

@@ -21,7 +21,7 @@ use crate::api::settings::Settings;
 use crate::error::{Error, Result};
 pub use admin::PgRecords;
 pub use builder::PgStoreBuilder;
-use conn::{Manager, Statements};
+use conn::Manager;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
 
@@ -38,6 +38,7 @@ mod quota;
 mod rows;
 mod sql;
 mod tls;
+mod typed;
 
 /// Durations are capped here (about 36 million years) and times at twice that, so that sums in
 /// SQL never overflow a `bigint`.
@@ -79,8 +80,10 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// `verify-ca` (the certificate must chain to a trusted root) and `verify-full` (and also name
 /// the host or IP address connected to). `sslrootcert` names a PEM file holding the trusted
 /// roots (replacing the system's; `require` with such a file checks the chain, as libpq does);
-/// without it, or with `sslrootcert=system`, the system's roots are trusted. TLS is
-/// `native-tls` (OpenSSL on Linux).
+/// without it, or with `sslrootcert=system`, the system's roots are trusted. TLS is rustls
+/// (`ring` provider; no system library is needed to build). rustls, unlike OpenSSL, refuses a
+/// CA certificate as the server's own: a self-signed server certificate that the verifying
+/// modes trust must say `basicConstraints = CA:FALSE` (or come from a CA of its own).
 ///
 /// ```no_run
 /// # use idempotency_store::PgStore;
@@ -256,8 +259,9 @@ impl PgStore {
             return Ok(Timestamp::from_millis(now));
         }
         self.with_conn(|client, st| {
-            let row = client
-                .query_one(&st.now, &[])
+            let row = st
+                .now
+                .query_one(client, &[])
                 .map_err(|e| pg("reading the server's clock", e))?;
             Ok(Timestamp::from_millis(millis_col(&row, 0)?))
         })
@@ -280,7 +284,7 @@ impl PgStore {
     /// Inside a tokio runtime it runs on a helper thread (see `blocking`).
     fn with_conn<T: Send>(
         &self,
-        body: impl FnOnce(&mut Client, &Statements) -> Result<T> + Send,
+        body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
     ) -> Result<T> {
         blocking::off_runtime(|| {
             let pool = self.pool.as_ref().ok_or_else(|| {
@@ -294,9 +298,7 @@ impl PgStore {
             let mut conn = pool
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
-            let result = conn
-                .parts(&self.sql)
-                .and_then(|(client, st)| body(client, st));
+            let result = body(&mut conn.client, &self.sql);
             if matches!(result, Err(Error::Storage { .. })) {
                 conn.broken = true;
             }

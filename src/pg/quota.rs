@@ -9,10 +9,11 @@
 //! does: expired records go first, then (if allowed) the oldest completed ones.
 
 use ::postgres::types::ToSql;
-use ::postgres::{Client, GenericClient, Statement, Transaction};
+use ::postgres::{Client, GenericClient, Transaction};
 
 use super::rows::{col, pg};
 use super::sql::{NOW, try_key_lock};
+use super::typed::Query;
 use crate::api::settings::WhenFull;
 use crate::error::{Error, Result};
 
@@ -111,25 +112,23 @@ pub(crate) fn track_usage(txn: &mut Transaction<'_>, s: &str) -> Result<()> {
 
 /// Whether usage counting is on for the schema `s` (quoted): its trigger exists.
 pub(crate) fn usage_tracked(client: &mut impl GenericClient, s: &str) -> Result<bool> {
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
-                 AND tgrelid = '{s}.idempotency_keys'::regclass)"
-            ),
-            &[],
-        )
-        .map_err(|e| pg("checking quota accounting", e))?;
+    let row = Query::new(format!(
+        "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
+         AND tgrelid = '{s}.idempotency_keys'::regclass)"
+    ))
+    .query_one(client, &[])
+    .map_err(|e| pg("checking quota accounting", e))?;
     col(&row, 0)
 }
 
-/// The SQL of the quota statements, for one schema (`t` the table, `u` the counters).
+/// The quota statements, for one schema (`t` the table, `u` the counters); used only by a
+/// store with a quota (the counters table exists only then).
 pub(crate) struct Sql {
-    usage: String,
-    exists: String,
-    sweep: String,
-    evict: String,
-    check: String,
+    usage: Query,
+    exists: Query,
+    sweep: Query,
+    evict: Query,
+    check: Query,
 }
 
 impl Sql {
@@ -137,15 +136,15 @@ impl Sql {
         let t = format!("{s}.idempotency_keys");
         let u = format!("{s}.idempotency_usage");
         Sql {
-            usage: format!(
+            usage: Query::new(format!(
                 "SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(bytes), 0)::bigint \
                  FROM {u} WHERE $1::text IS NULL OR scope = $1::text"
-            ),
-            exists: format!(
+            )),
+            exists: Query::new(format!(
                 "SELECT EXISTS (SELECT FROM {t} WHERE scope = $1::text AND key = $2::text)"
-            ),
+            )),
             // As the store's sweep: deletions take the key's lock, skipping keys being claimed.
-            sweep: format!(
+            sweep: Query::new(format!(
                 "{NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      AND ($2::text IS NULL OR x.scope = $2::text) \
@@ -154,11 +153,11 @@ impl Sql {
                  DELETE FROM {t} AS r USING free AS f, c \
                  WHERE r.ctid = f.ctid AND r.expires_at <= c.now",
                 try_key_lock("d.scope", "d.key")
-            ),
+            )),
             // The oldest completed record whose key lock is free, of the oldest few (a replay
             // holds its key's lock for a moment). `victim` reads `victims` in its order, and
             // with no sort of its own stops at the first lock it gets, so it takes only that one.
-            evict: format!(
+            evict: Query::new(format!(
                 "{NOW}, victims AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x, c \
                      WHERE x.state = 'completed' \
@@ -168,8 +167,8 @@ impl Sql {
                  DELETE FROM {t} AS r USING victim AS v \
                  WHERE r.ctid = v.ctid AND r.state = 'completed'",
                 try_key_lock("v.scope", "v.key")
-            ),
-            check: format!(
+            )),
+            check: Query::new(format!(
                 "SELECT (SELECT count(*) FROM {t}), \
                      (SELECT coalesce(sum({bytes}), 0)::bigint FROM {t} AS r), \
                      (SELECT coalesce(sum(records), 0)::bigint FROM {u}), \
@@ -177,33 +176,8 @@ impl Sql {
                      EXISTS (SELECT FROM pg_trigger WHERE tgname = 'idempotency_usage_track' \
                          AND tgrelid = '{t}'::regclass)",
                 bytes = row_bytes("r")
-            ),
+            )),
         }
-    }
-}
-
-/// The quota statements, prepared once per pooled connection of a store with a quota (the
-/// counters table exists only then).
-pub(crate) struct Statements {
-    usage: Statement,
-    exists: Statement,
-    sweep: Statement,
-    evict: Statement,
-    check: Statement,
-}
-
-impl Statements {
-    pub(crate) fn prepare(
-        client: &mut Client,
-        sql: &Sql,
-    ) -> std::result::Result<Self, ::postgres::Error> {
-        Ok(Statements {
-            usage: client.prepare(&sql.usage)?,
-            exists: client.prepare(&sql.exists)?,
-            sweep: client.prepare(&sql.sweep)?,
-            evict: client.prepare(&sql.evict)?,
-            check: client.prepare(&sql.check)?,
-        })
     }
 }
 
@@ -211,15 +185,16 @@ impl Statements {
 /// closed with [`Error::QuotaExceeded`]. `now` gives each statement its `$1`.
 pub(crate) fn make_room(
     client: &mut Client,
-    st: &Statements,
+    st: &Sql,
     limits: &Limits,
     now: &(dyn Fn() -> Option<i64> + Sync),
     (scope, name): (&str, &str),
 ) -> Result<()> {
     let counted = limits.per_scope.then_some(scope);
     let usage = |client: &mut Client| -> Result<(u64, u64)> {
-        let row = client
-            .query_one(&st.usage, &[&counted])
+        let row = st
+            .usage
+            .query_one(client, &[&counted])
             .map_err(|e| pg("reading quota usage", e))?;
         let count = |i| -> Result<u64> { Ok(u64::try_from(col::<i64>(&row, i)?).unwrap_or(0)) };
         Ok((count(0)?, count(1)?))
@@ -229,22 +204,22 @@ pub(crate) fn make_room(
     }
     // A key that has a record (even an expired one) adds no row: claim it as usual.
     let exists: bool = col(
-        &client
-            .query_one(&st.exists, &[&scope, &name])
+        &st.exists
+            .query_one(client, &[&scope, &name])
             .map_err(|e| pg("reading a record", e))?,
         0,
     )?;
     if exists {
         return Ok(());
     }
-    let delete = |client: &mut Client, statement: &Statement, extra: &[&(dyn ToSql + Sync)]| {
+    let delete = |client: &mut Client, statement: &Query, extra: &[&(dyn ToSql + Sync)]| {
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(3);
         let now = now();
         params.push(&now);
         params.push(&counted);
         params.extend_from_slice(extra);
-        client
-            .execute(statement, &params)
+        statement
+            .execute(client, &params)
             .map_err(|e| pg("making room for a new key", e))
     };
     delete(client, &st.sweep, &[&ROOM_SWEEP])?;
@@ -260,11 +235,12 @@ pub(crate) fn make_room(
 /// `verify`: with quota accounting on, the counters must match the table.
 pub(crate) fn check_usage(
     txn: &mut Transaction<'_>,
-    st: &Statements,
+    st: &Sql,
     problems: &mut Vec<String>,
 ) -> Result<()> {
-    let row = txn
-        .query_one(&st.check, &[])
+    let row = st
+        .check
+        .query_one(txn, &[])
         .map_err(|e| pg("verifying quota usage", e))?;
     let tracked: bool = col(&row, 4)?;
     let (records, bytes): (i64, i64) = (col(&row, 0)?, col(&row, 1)?);
@@ -276,4 +252,18 @@ pub(crate) fn check_usage(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+impl Sql {
+    /// Every quota statement.
+    pub(crate) fn all(&self) -> [&Query; 5] {
+        [
+            &self.usage,
+            &self.exists,
+            &self.sweep,
+            &self.evict,
+            &self.check,
+        ]
+    }
 }

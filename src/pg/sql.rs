@@ -2,6 +2,7 @@
 //! statements share, and [`Sql`], built once per store.
 
 use super::quota;
+use super::typed::Query;
 
 /// The current time inside a statement: the injected clock's (`$1`) or the server's.
 pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
@@ -57,23 +58,33 @@ pub(super) const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r
 const FENCE: &str = "r.scope = $2::text AND r.key = $3::text AND r.token = $4::bigint \
                      AND r.state = 'in_progress' AND r.expires_at > c.now";
 
+/// Rows fetched per round trip by `verify`.
+pub(super) const VERIFY_BATCH: i32 = 1000;
+
+/// `verify`'s cursor, which lives until its transaction ends.
+const VERIFY_CURSOR: &str = "idempotency_verify";
+
 /// The SQL of every statement, for one schema.
 pub(super) struct Sql {
-    pub(super) lock: String,
-    pub(super) insert: String,
-    pub(super) select: String,
-    pub(super) takeover: String,
-    pub(super) complete: String,
+    pub(super) lock: Query,
+    pub(super) insert: Query,
+    pub(super) select: Query,
+    pub(super) takeover: Query,
+    pub(super) complete: Query,
     /// Locks a lease's row under its fence (`complete_with`).
-    pub(super) lock_lease: String,
-    pub(super) release: String,
-    pub(super) heartbeat: String,
-    pub(super) checkpoint: String,
-    pub(super) sweep: String,
-    pub(super) stats: String,
-    pub(super) verify: String,
-    pub(super) sequence: String,
-    pub(super) now: String,
+    pub(super) lock_lease: Query,
+    pub(super) release: Query,
+    pub(super) heartbeat: Query,
+    pub(super) checkpoint: Query,
+    pub(super) sweep: Query,
+    pub(super) stats: Query,
+    /// Opens `verify`'s cursor over every record (a cursor, unlike a protocol-level portal,
+    /// needs no named statement).
+    pub(super) verify: Query,
+    /// The next [`VERIFY_BATCH`] rows of `verify`'s cursor.
+    pub(super) verify_fetch: Query,
+    pub(super) sequence: Query,
+    pub(super) now: Query,
     /// With a quota only.
     pub(super) quota: Option<quota::Sql>,
 }
@@ -88,8 +99,8 @@ impl Sql {
         let insert_now = after_lock(&key_lock("$2", "$3"));
         let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
         Sql {
-            lock: format!("SELECT {}", lock_function(schema, "$1", "$2")),
-            insert: format!(
+            lock: Query::new(format!("SELECT {}", lock_function(schema, "$1", "$2"))),
+            insert: Query::new(format!(
                 "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
                  token, attempt, lease_until, created_at, expires_at, claim_id) \
                  SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
@@ -97,12 +108,12 @@ impl Sql {
                  GREATEST(c.now + $7::bigint, c.now + $6::bigint), $8::bigint FROM c \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING r.token, r.lease_until"
-            ),
-            select: format!(
+            )),
+            select: Query::new(format!(
                 "{NOW} SELECT c.now, {RECORD_COLUMNS} FROM c \
                  LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
-            ),
-            takeover: format!(
+            )),
+            takeover: Query::new(format!(
                 "{takeover_now} UPDATE {t} AS r SET \
                  fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
                  state = 'in_progress', token = nextval('{seq}'), \
@@ -119,37 +130,37 @@ impl Sql {
                  AND ({takeover_fresh} OR (r.state = 'in_progress' AND r.lease_until <= c.now \
                      AND r.fingerprint = $4::bytea AND r.fingerprint_version = $5::smallint)) \
                  RETURNING r.token, r.attempt, r.lease_until, r.checkpoint"
-            ),
-            complete: format!(
+            )),
+            complete: Query::new(format!(
                 "{NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
                  checkpoint = NULL, response_status = $5::integer, response_headers = $6::bytea, \
                  response_body = $7::bytea, completed_at = c.now, \
                  expires_at = c.now + $8::bigint \
                  FROM c WHERE {FENCE} RETURNING r.token"
-            ),
+            )),
             // `complete_with`: holds the record while the caller's statements run.
-            lock_lease: format!(
+            lock_lease: Query::new(format!(
                 "{NOW} SELECT r.token FROM {t} AS r, c WHERE {FENCE} FOR UPDATE OF r"
-            ),
-            release: format!(
+            )),
+            release: Query::new(format!(
                 "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
                 after_lock(&key_lock("$2", "$3"))
-            ),
-            heartbeat: format!(
+            )),
+            heartbeat: Query::new(format!(
                 "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
                  expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
                  FROM c WHERE {FENCE} RETURNING r.lease_until"
-            ),
-            checkpoint: format!(
+            )),
+            checkpoint: Query::new(format!(
                 "{NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
                  FROM c WHERE {FENCE} RETURNING r.token"
-            ),
+            )),
             // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
             // planner may rescan the subquery per outer row, and a rescan skips the rows this
             // statement already deleted and locks the next ones, deleting more than the limit.
             // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
             // takes at most `$2` locks). Answers (deleted, candidates).
-            sweep: format!(
+            sweep: Query::new(format!(
                 "{NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
@@ -160,9 +171,9 @@ impl Sql {
                      WHERE r.ctid = f.ctid AND r.expires_at <= c.now RETURNING 1) \
                  SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM doomed)",
                 try_key_lock("d.scope", "d.key")
-            ),
+            )),
             // The second count is `RecordView::is_stuck`, in SQL.
-            stats: format!(
+            stats: Query::new(format!(
                 "{NOW} SELECT \
                  count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress'), \
                  count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'in_progress' \
@@ -171,16 +182,47 @@ impl Sql {
                  count(*) FILTER (WHERE r.expires_at <= c.now), \
                  pg_total_relation_size('{t}') \
                  FROM c LEFT JOIN {t} AS r ON true"
-            ),
-            verify: format!(
-                "SELECT r.scope, r.key, octet_length(r.fingerprint), r.fingerprint_version, \
+            )),
+            verify: Query::new(format!(
+                "DECLARE {VERIFY_CURSOR} NO SCROLL CURSOR FOR SELECT r.scope, r.key, octet_length(r.fingerprint), r.fingerprint_version, \
                  r.state, r.token, r.attempt, r.lease_until, r.checkpoint IS NOT NULL, \
                  r.response_status, r.response_headers, r.response_body IS NOT NULL, \
                  r.created_at, r.completed_at, r.expires_at FROM {t} AS r"
+            )),
+            verify_fetch: Query::new(format!("FETCH {VERIFY_BATCH} FROM {VERIFY_CURSOR}")),
+            sequence: Query::new(format!("SELECT last_value, is_called FROM {seq}")),
+            now: Query::new(
+                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
             ),
-            sequence: format!("SELECT last_value, is_called FROM {seq}"),
-            now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
             quota: quota.then(|| quota::Sql::new(&format!("\"{schema}\""))),
         }
+    }
+}
+
+#[cfg(test)]
+impl Sql {
+    /// Every statement, the quota's included.
+    pub(super) fn all(&self) -> Vec<&Query> {
+        let mut all = vec![
+            &self.lock,
+            &self.insert,
+            &self.select,
+            &self.takeover,
+            &self.complete,
+            &self.lock_lease,
+            &self.release,
+            &self.heartbeat,
+            &self.checkpoint,
+            &self.sweep,
+            &self.stats,
+            &self.verify,
+            &self.verify_fetch,
+            &self.sequence,
+            &self.now,
+        ];
+        if let Some(quota) = &self.quota {
+            all.extend(quota.all());
+        }
+        all
     }
 }

@@ -1,14 +1,21 @@
 //! TLS for [`PgStore`](crate::PgStore): `sslmode` and `sslrootcert` read from the connection
-//! string as libpq reads them, and the `native-tls` connector they configure.
+//! string as libpq reads them, and the rustls connector they configure.
 //!
 //! `tokio-postgres` knows only `disable`, `prefer` and `require` and rejects `sslrootcert`, so
 //! both options are taken out of the string here and the rest is parsed by `postgres`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ::postgres::Config;
 use ::postgres::config::SslMode as WireMode;
-use postgres_native_tls::MakeTlsConnector;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{Error, Result};
 
@@ -60,7 +67,7 @@ impl SslMode {
 /// A parsed connection string and the TLS connector its `sslmode` asks for.
 pub(crate) struct Connection {
     pub config: Config,
-    pub tls: MakeTlsConnector,
+    pub tls: MakeRustlsConnect,
     pub mode: SslMode,
 }
 
@@ -101,41 +108,159 @@ pub(crate) fn parse(url: &str) -> Result<Connection> {
 
 /// The connector: `prefer` and `require` encrypt without checking the certificate (as libpq
 /// does without a root certificate); `verify-ca` checks the chain, `verify-full` the chain and
-/// the host name (or IP address).
-fn connector(mode: SslMode, root_cert: Option<PathBuf>) -> Result<MakeTlsConnector> {
-    let mut builder = native_tls::TlsConnector::builder();
-    match mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require => {
-            builder
-                .danger_accept_invalid_certs(true)
-                .danger_accept_invalid_hostnames(true);
-        }
-        SslMode::VerifyCa => {
-            builder.danger_accept_invalid_hostnames(true);
-        }
-        SslMode::VerifyFull => {}
-    }
-    if let Some(path) = root_cert.filter(|p| p.as_os_str() != "system") {
-        let pem = std::fs::read(&path).map_err(|e| {
-            invalid(format!(
-                "sslrootcert {} cannot be read: {e}",
-                path.display()
-            ))
-        })?;
-        let certificate = native_tls::Certificate::from_pem(&pem).map_err(|e| {
-            invalid(format!(
-                "sslrootcert {} is not a PEM certificate: {e}",
-                path.display()
-            ))
-        })?;
-        builder
-            .add_root_certificate(certificate)
-            .disable_built_in_roots(true);
-    }
-    let connector = builder
-        .build()
+/// the host name (or IP address). rustls with the `ring` provider, so that building needs no
+/// system TLS library.
+fn connector(mode: SslMode, root_cert: Option<PathBuf>) -> Result<MakeRustlsConnect> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
         .map_err(|e| invalid(format!("the TLS connector cannot be set up: {e}")))?;
-    Ok(MakeTlsConnector::new(connector))
+    let config = match mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth(),
+        SslMode::VerifyCa | SslMode::VerifyFull => {
+            let roots = Arc::new(trusted_roots(root_cert)?);
+            let chain = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| invalid(format!("the TLS connector cannot be set up: {e}")))?;
+            let verifier: Arc<dyn ServerCertVerifier> = if mode == SslMode::VerifyCa {
+                Arc::new(AnyName(chain))
+            } else {
+                chain
+            };
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(verifier)
+                .with_no_client_auth()
+        }
+    };
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// The roots a verifying mode trusts: the certificates of `sslrootcert`, or (without one, or
+/// with `system`) the platform's.
+fn trusted_roots(root_cert: Option<PathBuf>) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    let Some(path) = root_cert.filter(|p| p.as_os_str() != "system") else {
+        let found = rustls_native_certs::load_native_certs();
+        let (added, _) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            return Err(invalid(format!(
+                "no trusted root certificate found on this system ({:?}): name a PEM file \
+                 with sslrootcert",
+                found.errors
+            )));
+        }
+        return Ok(roots);
+    };
+    let unreadable = |e: &dyn std::fmt::Display| {
+        invalid(format!(
+            "sslrootcert {} is not a readable PEM certificate: {e}",
+            path.display()
+        ))
+    };
+    let certs = CertificateDer::pem_file_iter(&path)
+        .map_err(|e| unreadable(&e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| unreadable(&e))?;
+    if certs.is_empty() {
+        return Err(unreadable(&"it holds no certificate"));
+    }
+    for cert in certs {
+        roots.add(cert).map_err(|e| unreadable(&e))?;
+    }
+    Ok(roots)
+}
+
+/// `require`: any certificate, as libpq without a root certificate. The handshake's
+/// signatures are still checked against the certificate's key, so the connection is encrypted
+/// to whoever holds it.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to a trusted root, whatever names the certificate holds.
+/// (The name is checked only once the chain is good, so a name error means a good chain.)
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 fn invalid(reason: String) -> Error {

@@ -1,0 +1,158 @@
+//! [`Query`]: a statement sent unnamed, with its parameter types, so that nothing it leaves on
+//! the server outlives the transaction it runs in.
+//!
+//! A transaction-pooling proxy (PgBouncer's `pool_mode = transaction`) hands each transaction,
+//! and each statement outside one, to whichever server connection is free. A named prepared
+//! statement made on one server connection is then missing on the next (SQLSTATE 26000), and
+//! one left behind clashes with another client's of the same name (42P05). So every statement
+//! goes out as one unnamed Parse, Bind, Describe, Execute and Sync, in one round trip
+//! (`query_typed`), which any pooler mode forwards as a unit. Without a prepare, the
+//! parameter types must be sent along: they are read from the casts in the statement's text
+//! (`$1::bigint`), which every parameter carries.
+
+use ::postgres::types::{ToSql, Type};
+use ::postgres::{GenericClient, Row};
+
+/// A statement's text and the types of its parameters (`types[0]` is `$1`'s).
+#[derive(Debug)]
+pub(crate) struct Query {
+    text: String,
+    types: Vec<Type>,
+}
+
+impl Query {
+    /// A statement whose every parameter `$n` is cast (`$n::bigint`) somewhere in `text`. A
+    /// parameter without a known cast gets `Type::UNKNOWN`, which no value encodes to: the call
+    /// then fails with the client's type error before anything is sent.
+    pub(crate) fn new(text: String) -> Query {
+        let types = parameter_types(&text);
+        Query { text, types }
+    }
+
+    fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        params
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (p, self.types.get(i).cloned().unwrap_or(Type::UNKNOWN)))
+            .collect()
+    }
+
+    /// Every row.
+    pub(crate) fn query(
+        &self,
+        client: &mut impl GenericClient,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, ::postgres::Error> {
+        client.query_typed(&self.text, &self.typed(params))
+    }
+
+    /// Exactly one row.
+    pub(crate) fn query_one(
+        &self,
+        client: &mut impl GenericClient,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, ::postgres::Error> {
+        client.query_typed_one(&self.text, &self.typed(params))
+    }
+
+    /// At most one row.
+    pub(crate) fn query_opt(
+        &self,
+        client: &mut impl GenericClient,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, ::postgres::Error> {
+        client.query_typed_opt(&self.text, &self.typed(params))
+    }
+
+    /// The number of rows the statement wrote.
+    pub(crate) fn execute(
+        &self,
+        client: &mut impl GenericClient,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, ::postgres::Error> {
+        client.execute_typed(&self.text, &self.typed(params))
+    }
+}
+
+/// The type of each `$n`, from the first `$n::type` cast in `text`.
+fn parameter_types(text: &str) -> Vec<Type> {
+    let mut types: Vec<Type> = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        rest = &rest[at + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(n) = rest[..digits].parse::<usize>() else {
+            continue;
+        };
+        let Some(cast) = rest[digits..].strip_prefix("::") else {
+            continue;
+        };
+        let name_len = cast
+            .bytes()
+            .take_while(|b| b.is_ascii_lowercase() || *b == b'_')
+            .count();
+        let Some(ty) = builtin(&cast[..name_len]) else {
+            continue;
+        };
+        if types.len() < n {
+            types.resize(n, Type::UNKNOWN);
+        }
+        if let Some(slot) = types.get_mut(n - 1).filter(|t| **t == Type::UNKNOWN) {
+            *slot = ty;
+        }
+    }
+    types
+}
+
+/// The types the statements cast their parameters to.
+fn builtin(name: &str) -> Option<Type> {
+    Some(match name {
+        "bigint" => Type::INT8,
+        "integer" => Type::INT4,
+        "smallint" => Type::INT2,
+        "text" => Type::TEXT,
+        "bytea" => Type::BYTEA,
+        "boolean" => Type::BOOL,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg::sql::Sql;
+
+    #[test]
+    fn types_come_from_the_first_cast_of_each_parameter() {
+        let query = Query::new(
+            "SELECT $2::text, $1::bigint, $2::text, $3::bytea, '$4', $5::smallint".to_owned(),
+        );
+        assert_eq!(
+            query.types,
+            [
+                Type::INT8,
+                Type::TEXT,
+                Type::BYTEA,
+                Type::UNKNOWN,
+                Type::INT2
+            ]
+        );
+        assert!(Query::new("SELECT 1".to_owned()).types.is_empty());
+    }
+
+    #[test]
+    fn every_parameter_of_every_statement_is_typed() {
+        for query in Sql::new("s", true).all() {
+            assert!(
+                !query.types.contains(&Type::UNKNOWN),
+                "a parameter without a cast: {}",
+                query.text
+            );
+            let highest = (1..=query.types.len() + 1)
+                .rev()
+                .find(|n| query.text.contains(&format!("${n}")))
+                .unwrap_or(0);
+            assert_eq!(highest, query.types.len(), "{}", query.text);
+        }
+    }
+}
