@@ -365,6 +365,11 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         });
         if let Value::Object(map) = &mut value {
             map.insert(size_field.into(), json!(s.file_bytes));
+            if let Target::Pg(pg) = &store {
+                let failover = pg.failover_safety_at_connect();
+                map.insert("failover_safe".into(), json!(failover.is_failover_safe()));
+                map.insert("replication".into(), json!(failover.to_string()));
+            }
         }
         writeln!(out, "{value}")?;
     } else {
@@ -388,6 +393,9 @@ fn stats(out: &mut dyn Write, as_json: bool, path: &Path) -> Outcome {
         table(out, &["STATE", "RECORDS", ""], &rows)?;
         if let Some(bytes) = s.file_bytes {
             writeln!(out, "\n{size_name}: {} ({bytes} bytes)", human_bytes(bytes))?;
+        }
+        if let Target::Pg(pg) = &store {
+            writeln!(out, "replication: {}", pg.failover_safety_at_connect())?;
         }
     }
     Ok(ExitCode::SUCCESS)
