@@ -63,7 +63,7 @@
 //! | [`StoreBuilder::trace_keys`] | show keys in `tracing` events | `tracing` (the events) |
 //! | [`http`](http/index.html): `http::handle`, `http::decide`, `http::Problem` | the HTTP mapping, the whole flow in one call | `http` |
 //! | [`http::tower::IdempotencyLayer`](http/tower/struct.IdempotencyLayer.html) | the same flow as a tower layer (axum, hyper) | `tower` |
-//! | [`PgStore`](struct.PgStore.html), [`PgStoreBuilder`](struct.PgStoreBuilder.html) | the same store on PostgreSQL, for many instances | `postgres` |
+//! | [`PgStore`](struct.PgStore.html), [`PgStoreBuilder`](struct.PgStoreBuilder.html), [`FailoverSafety`](struct.FailoverSafety.html) | the same store on PostgreSQL, for many instances; whether a failover can lose its acknowledgements | `postgres` |
 //! | the binary `idempotency-store` | look inside a store, release a stuck key | `cli` |
 //!
 //! # Guarantees
@@ -162,7 +162,7 @@ pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::pg::{PgRecords, PgStore, PgStoreBuilder};
+pub use crate::pg::{FailoverSafety, PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
 pub use crate::store::admin::Records;
 pub use crate::store::builder::{Durability, StoreBuilder};

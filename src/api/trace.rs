@@ -75,6 +75,14 @@ pub(crate) fn answer_not_stored(why: &dyn std::fmt::Display) {
     let _ = why;
 }
 
+/// A `PgStore` connected to a server whose acknowledged commits a failover can lose.
+pub(crate) fn not_failover_safe(report: &dyn std::fmt::Display) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(backend = "postgres", "{report}");
+    #[cfg(not(feature = "tracing"))]
+    let _ = report;
+}
+
 /// A claim was refused for quota.
 pub(crate) fn quota_refused(backend: &str) {
     #[cfg(feature = "tracing")]

@@ -8,13 +8,16 @@ use std::time::Duration;
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::conn::Manager;
+#[cfg(doc)]
+use super::replication::FailoverSafety;
 use super::migrations::{check, migrate};
 use super::rows::{capped, pg};
 use super::sql::Sql;
-use super::{MAX_DURATION_MS, PgStore, blocking, quota, tls};
+use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, sync_wait, tls};
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Counters;
 use crate::api::series;
+use crate::api::trace;
 use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::error::{Error, Result};
 
@@ -36,6 +39,7 @@ pub struct PgStoreBuilder {
     pub(super) when_full: WhenFull,
     pub(super) per_scope_quotas: bool,
     pub(super) migrate: bool,
+    pub(super) require_failover_safe: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -51,6 +55,7 @@ impl Default for PgStoreBuilder {
             when_full: WhenFull::Refuse,
             per_scope_quotas: false,
             migrate: true,
+            require_failover_safe: false,
         }
     }
 }
@@ -68,6 +73,7 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("when_full", &self.when_full)
             .field("per_scope_quotas", &self.per_scope_quotas)
             .field("migrate", &self.migrate)
+            .field("require_failover_safe", &self.require_failover_safe)
             .finish()
     }
 }
@@ -191,6 +197,16 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether [`connect`](PgStoreBuilder::connect) refuses a server whose acknowledged commits
+    /// a failover can lose (no synchronous standby named: see [`FailoverSafety`]), with
+    /// [`Error::InvalidConfig`] naming the settings. Off, such a server is served and
+    /// `connect` logs a `tracing` warning (feature `tracing`) saying "not failover-safe".
+    /// Defaults to false.
+    pub fn require_failover_safe(&mut self, require: bool) -> &mut Self {
+        self.require_failover_safe = require;
+        self
+    }
+
     fn limits(&self) -> Option<quota::Limits> {
         (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
             max_records: self.max_records,
@@ -211,6 +227,9 @@ impl PgStoreBuilder {
     /// unreadable `sslrootcert`; [`Error::Storage`] if the server cannot be reached, the TLS
     /// handshake or certificate check fails (the message names the `sslmode`) or the migration
     /// fails;
+    /// [`Error::InvalidConfig`] also if the server is read-only (a standby: the message names
+    /// `target_session_attrs=read-write`), or, with
+    /// [`require_failover_safe`](PgStoreBuilder::require_failover_safe), not failover-safe;
     /// [`Error::NotAStore`] if the schema holds a table of the same name that this crate did
     /// not create, or was migrated by a newer version of this crate (with `migrate` off: or
     /// is missing, or at an older migration).
@@ -226,16 +245,26 @@ impl PgStoreBuilder {
             mode,
         } = tls::parse(url)?;
         config.connect_timeout(self.connection_timeout);
+        config.notice_callback(sync_wait::on_notice);
         let manager = Manager {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
         let sql = Arc::new(Sql::new(&self.schema, limits.is_some()));
+        let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
             // at once with the server's answer rather than after the pool's timeout.
             let mut client = r2d2::ManageConnection::connect(&manager.inner)
                 .map_err(|e| pg(mode.context(), e))?;
+            // Before migrating: a read-only server fails here, naming the fix.
+            failover = replication::read(&mut client)?;
+            if !failover.is_failover_safe() {
+                if self.require_failover_safe {
+                    return Err(replication::refuse(&failover));
+                }
+                trace::not_failover_safe(&failover);
+            }
             if self.migrate {
                 migrate(&mut client, &self.schema, limits.is_some())?;
             } else {
@@ -261,6 +290,7 @@ impl PgStoreBuilder {
             settings: self.clone(),
             high_water: AtomicU64::new(0),
             limits,
+            failover,
             metrics: Counters::new(&series::POSTGRES, self.shared.trace_keys),
         })
     }

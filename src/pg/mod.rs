@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 pub use admin::PgRecords;
 pub use builder::PgStoreBuilder;
 use conn::Manager;
+pub use replication::FailoverSafety;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
 
@@ -35,8 +36,10 @@ mod effects;
 mod metrics;
 mod migrations;
 mod quota;
+mod replication;
 mod rows;
 mod sql;
+mod sync_wait;
 mod tls;
 mod typed;
 
@@ -222,6 +225,8 @@ pub struct PgStore {
     /// The highest time an injected clock has shown; unused with the database's clock.
     high_water: AtomicU64,
     limits: Option<quota::Limits>,
+    /// The server's failover safety when the store connected.
+    failover: FailoverSafety,
     /// What this store has done, for `PgStore::metrics`.
     metrics: Counters,
 }
@@ -267,6 +272,23 @@ impl PgStore {
         })
     }
 
+    /// Whether claims acknowledged by the server this store connected to survive its
+    /// failover, as read when the store connected (see [`FailoverSafety`]).
+    #[must_use]
+    pub fn failover_safety_at_connect(&self) -> &FailoverSafety {
+        &self.failover
+    }
+
+    /// Whether claims acknowledged by the server survive its failover, read now on a pooled
+    /// connection (after a failover, from the server now serving).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the server cannot be asked; [`Error::InvalidConfig`] if it has
+    /// become read-only (a standby).
+    pub fn failover_safety(&self) -> Result<FailoverSafety> {
+        self.with_conn(|client, _| replication::read(client))
+    }
+
     fn injected_now(&self) -> Option<u64> {
         let clock = self.settings.clock.as_ref()?;
         let wall = clock.now().as_millis().min(MAX_TIME_MS);
@@ -298,7 +320,7 @@ impl PgStore {
             let mut conn = pool
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
-            let result = body(&mut conn.client, &self.sql);
+            let result = sync_wait::watched(|| body(&mut conn.client, &self.sql));
             if matches!(result, Err(Error::Storage { .. })) {
                 conn.broken = true;
             }

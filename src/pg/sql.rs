@@ -4,9 +4,34 @@
 use super::quota;
 use super::typed::Query;
 
-/// The current time inside a statement: the injected clock's (`$1`) or the server's.
-pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
-                   floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
+/// The columns that make the transaction's commit failover-safe whatever the role's or the
+/// session's defaults: `synchronous_commit` raised to at least `on` (kept at `remote_apply`),
+/// so that with synchronous standbys the commit waits for one; and `client_min_messages`
+/// lowered to `warning` if it is `error`, so that the WARNING of a cancelled wait for a standby
+/// reaches the client (see `sync_wait`). `set_config(…, true)` lasts until the end of the
+/// transaction, which an autocommit statement is, and commit reads it before it is undone;
+/// nothing outlives the transaction (PgBouncer's transaction pooling stays safe). Being
+/// volatile, the calls run even though no statement reads their columns.
+macro_rules! durable {
+    () => {
+        "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+         WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS durable, \
+         CASE WHEN current_setting('client_min_messages') = 'error' \
+         THEN set_config('client_min_messages', 'warning', true) END AS warnings"
+    };
+}
+
+/// The current time inside a statement: the injected clock's (`$1`) or the server's; and
+/// the commit's durability ([`DURABLE`]), set in the same CTE so that it costs no round trip.
+pub(super) const NOW: &str = concat!(
+    "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, ",
+    durable!(),
+    ")"
+);
+
+/// [`durable!`], for statements built at run time.
+pub(super) const DURABLE: &str = durable!();
 
 /// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
@@ -44,8 +69,8 @@ fn lock_function(schema: &str, scope: &str, key: &str) -> String {
 pub(super) fn after_lock(lock: &str) -> String {
     format!(
         "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
-         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now \
-         FROM w)"
+         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
+         {DURABLE} FROM w)"
     )
 }
 

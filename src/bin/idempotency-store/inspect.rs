@@ -44,6 +44,11 @@ pub(crate) fn stats(out: &mut dyn Write, format: Format, source: Source) -> Outc
         });
         if let Value::Object(map) = &mut value {
             map.insert(size_field.into(), json!(s.file_bytes));
+            if let Target::Pg(pg) = &store {
+                let failover = pg.failover_safety_at_connect();
+                map.insert("failover_safe".into(), json!(failover.is_failover_safe()));
+                map.insert("replication".into(), json!(failover.to_string()));
+            }
         }
         writeln!(out, "{value}")?;
     } else {
@@ -75,6 +80,9 @@ pub(crate) fn stats(out: &mut dyn Write, format: Format, source: Source) -> Outc
         table(out, &["STATE", "RECORDS", ""], &rows)?;
         if let Some(bytes) = s.file_bytes {
             writeln!(out, "\n{size_name}: {} ({bytes} bytes)", human_bytes(bytes))?;
+        }
+        if let Target::Pg(pg) = &store {
+            writeln!(out, "replication: {}", pg.failover_safety_at_connect())?;
         }
     }
     Ok(ExitCode::SUCCESS)
