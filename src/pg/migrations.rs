@@ -3,9 +3,9 @@
 
 use ::postgres::Client;
 
+use super::lock::CLAIM_LOCK_CLASS;
 use super::quota;
 use super::rows::{col, pg};
-use super::sql::CLAIM_LOCK_CLASS;
 use crate::error::{Error, Result};
 
 /// The schema version this build migrates to.
