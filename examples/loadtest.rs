@@ -49,12 +49,14 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::{ArgGroup, Parser};
 use idempotency_store::client::{Begun, Outbox};
 use idempotency_store::redb::{self, TableDefinition};
 use idempotency_store::{
     Claim, Durability, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store, Timestamp,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use serde_json::{Map, Value};
 
 type Res<T> = Result<T, String>;
 
@@ -98,82 +100,127 @@ struct Args {
     recorder: bool,
 }
 
-const USAGE: &str = "usage: loadtest [--seconds S] [--threads 1,4,16,64] [--dir PATH] [--json-only] \
-[--only NAME[,NAME..]] [--replay-keys N] [--recorder] | --sweep [--records N] [--sweep-batch N] | --space [--records N] \
-| --recovery [--records N]";
-
-fn parse_args() -> Res<Args> {
-    let mut args = Args {
-        mode: Mode::Main,
-        seconds: 3.0,
-        threads: vec![1, 4, 16, 64],
-        dir: None,
-        json_only: false,
-        only: Vec::new(),
-        records: 1_000_000,
-        replay_keys: 10_000,
-        prefill_threads: 64,
-        sweep_batch: None,
-        child: None,
-        recorder: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value\n{USAGE}"));
-        match flag.as_str() {
-            "--seconds" => {
-                args.seconds = parse_num(&value()?)?;
-                if !args.seconds.is_finite() || args.seconds <= 0.0 {
-                    return Err("--seconds must be positive".into());
-                }
-            }
-            "--threads" => {
-                args.threads = value()?
-                    .split(',')
-                    .map(|t| parse_num::<usize>(t.trim()))
-                    .collect::<Res<_>>()?;
-                if args.threads.is_empty() || args.threads.contains(&0) {
-                    return Err("--threads needs positive counts".into());
-                }
-            }
-            "--dir" => args.dir = Some(PathBuf::from(value()?)),
-            "--json-only" => args.json_only = true,
-            "--recorder" => args.recorder = true,
-            "--only" => {
-                args.only
-                    .extend(value()?.split(',').map(|s| s.trim().to_owned()));
-            }
-            "--records" => args.records = parse_num(&value()?)?,
-            "--replay-keys" => args.replay_keys = parse_num::<usize>(&value()?)?.max(1),
-            "--sweep-batch" => args.sweep_batch = Some(parse_num::<usize>(&value()?)?.max(1)),
-            "--prefill-threads" => args.prefill_threads = parse_num::<usize>(&value()?)?.max(1),
-            "--sweep" => args.mode = Mode::Sweep,
-            "--space" => args.mode = Mode::Space,
-            "--recovery" => args.mode = Mode::Recovery,
-            "--recovery-child" => {
-                let path = PathBuf::from(value()?);
-                let durability = match value()?.as_str() {
-                    "quick-repair" => Durability::QuickRepair,
-                    _ => Durability::Immediate,
-                };
-                args.mode = Mode::RecoveryChild;
-                args.child = Some((path, durability));
-            }
-            // Asked for, the usage is the answer: stdout, exit 0 (not the error path's 2).
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    Ok(args)
+/// The command line (`--help` lists it).
+#[derive(Parser)]
+#[command(
+    name = "loadtest",
+    about = "Durable pairs, replays, mixed load and payments for this store against SQLite and \
+             the disk's fdatasync rate; or --sweep, --space, --recovery"
+)]
+#[command(group(ArgGroup::new("mode").args(["sweep", "space", "recovery", "recovery_child"])))]
+struct Cli {
+    /// Seconds of measurement per cell.
+    #[arg(long, default_value = "3", value_parser = positive_seconds)]
+    seconds: f64,
+    /// Thread counts, one cell each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64", value_parser = positive_count)]
+    threads: Vec<usize>,
+    /// Directory for the cells' databases (default: a temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print only the `JSON: ` line.
+    #[arg(long)]
+    json_only: bool,
+    /// Systems and workloads to run (comma-separated; see the example's docs).
+    #[arg(long, value_name = "NAME[,NAME..]", value_delimiter = ',', value_parser = trimmed)]
+    only: Vec<String>,
+    /// Records for --sweep, --space and --recovery.
+    #[arg(long, default_value = "1000000", value_parser = number::<u64>)]
+    records: u64,
+    /// Keys the replay workload reads.
+    #[arg(long, default_value = "10000", value_parser = at_least_one)]
+    replay_keys: usize,
+    /// Threads that prefill --space and --sweep stores.
+    #[arg(long, default_value = "64", value_parser = at_least_one)]
+    prefill_threads: usize,
+    /// With --sweep: loop `sweep(N)` instead of calling `sweep_all()`.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    sweep_batch: Option<usize>,
+    /// Send the `metrics` facade's values to a Prometheus recorder, as a service would.
+    #[arg(long)]
+    recorder: bool,
+    /// Claim p99 while a sweep deletes `--records` expired records.
+    #[arg(long)]
+    sweep: bool,
+    /// Peak RSS and file size with `--records` records.
+    #[arg(long)]
+    space: bool,
+    /// The first open after a crash, for each durability.
+    #[arg(long)]
+    recovery: bool,
+    /// Internal: the child of --recovery (store file, then `quick-repair` or `immediate`).
+    #[arg(long, num_args = 2, value_names = ["PATH", "DURABILITY"], hide = true)]
+    recovery_child: Option<Vec<String>>,
 }
 
-fn parse_num<T: std::str::FromStr>(s: &str) -> Res<T> {
-    s.replace('_', "")
+/// A number, `_` separators allowed (`1_000_000`).
+fn number<T: std::str::FromStr>(s: &str) -> Res<T> {
+    s.trim()
+        .replace('_', "")
         .parse()
         .map_err(|_| format!("not a number: {s:?}"))
+}
+
+fn positive_seconds(s: &str) -> Res<f64> {
+    let seconds: f64 = number(s)?;
+    if seconds.is_finite() && seconds > 0.0 {
+        Ok(seconds)
+    } else {
+        Err("--seconds must be positive".into())
+    }
+}
+
+fn positive_count(s: &str) -> Res<usize> {
+    match number(s)? {
+        0 => Err("--threads needs positive counts".into()),
+        n => Ok(n),
+    }
+}
+
+/// A count below 1 is taken as 1.
+fn at_least_one(s: &str) -> Res<usize> {
+    number::<usize>(s).map(|n| n.max(1))
+}
+
+fn trimmed(s: &str) -> Res<String> {
+    Ok(s.trim().to_owned())
+}
+
+fn parse_args() -> Args {
+    let cli = Cli::parse();
+    let child = cli.recovery_child.map(|values| {
+        let path = PathBuf::from(values.first().cloned().unwrap_or_default());
+        let durability = match values.get(1).map(String::as_str) {
+            Some("quick-repair") => Durability::QuickRepair,
+            _ => Durability::Immediate,
+        };
+        (path, durability)
+    });
+    let mode = if child.is_some() {
+        Mode::RecoveryChild
+    } else if cli.sweep {
+        Mode::Sweep
+    } else if cli.space {
+        Mode::Space
+    } else if cli.recovery {
+        Mode::Recovery
+    } else {
+        Mode::Main
+    };
+    Args {
+        mode,
+        seconds: cli.seconds,
+        threads: cli.threads,
+        dir: cli.dir,
+        json_only: cli.json_only,
+        only: cli.only,
+        records: cli.records,
+        replay_keys: cli.replay_keys,
+        prefill_threads: cli.prefill_threads,
+        sweep_batch: cli.sweep_batch,
+        child,
+        recorder: cli.recorder,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,108 +246,47 @@ impl Out {
     }
 }
 
-/// A minimal JSON value, enough for one report line.
-enum J {
-    Num(f64),
-    Int(u64),
-    Str(String),
-    Bool(bool),
-    Null,
-    Arr(Vec<J>),
-    Obj(Vec<(String, J)>),
+/// Building the report on `serde_json` values: `set` chains fields onto an object, `child` is
+/// the object under a key (created if missing).
+trait Report {
+    fn set(&mut self, key: impl Into<String>, value: Value) -> &mut Self;
+    fn child(&mut self, key: &str) -> &mut Value;
 }
 
-impl J {
-    fn obj() -> J {
-        J::Obj(Vec::new())
-    }
-
-    fn set(&mut self, key: impl Into<String>, value: J) -> &mut Self {
-        if let J::Obj(fields) = self {
-            let key = key.into();
-            match fields.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, v)) => *v = value,
-                None => fields.push((key, value)),
-            }
+impl Report for Value {
+    fn set(&mut self, key: impl Into<String>, value: Value) -> &mut Self {
+        if let Value::Object(fields) = self {
+            fields.insert(key.into(), value);
         }
         self
     }
 
-    /// The object under `key`, created if missing.
-    fn child(&mut self, key: &str) -> &mut J {
-        let J::Obj(fields) = self else {
-            unreachable!("child() on a non-object")
-        };
-        let pos = match fields.iter().position(|(k, _)| k == key) {
-            Some(pos) => pos,
-            None => {
-                fields.push((key.to_owned(), J::obj()));
-                fields.len() - 1
-            }
-        };
-        &mut fields[pos].1
-    }
-
-    fn opt(v: Option<f64>) -> J {
-        v.map_or(J::Null, J::Num)
-    }
-
-    fn write(&self, out: &mut String) {
-        match self {
-            J::Num(n) if n.is_finite() => {
-                let _ = write!(out, "{}", (n * 1000.0).round() / 1000.0);
-            }
-            J::Num(_) | J::Null => out.push_str("null"),
-            J::Int(n) => {
-                let _ = write!(out, "{n}");
-            }
-            J::Bool(b) => {
-                let _ = write!(out, "{b}");
-            }
-            J::Str(s) => {
-                out.push('"');
-                for c in s.chars() {
-                    match c {
-                        '"' => out.push_str("\\\""),
-                        '\\' => out.push_str("\\\\"),
-                        c if (c as u32) < 0x20 => {
-                            let _ = write!(out, "\\u{:04x}", c as u32);
-                        }
-                        c => out.push(c),
-                    }
-                }
-                out.push('"');
-            }
-            J::Arr(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    item.write(out);
-                }
-                out.push(']');
-            }
-            J::Obj(fields) => {
-                out.push('{');
-                for (i, (k, v)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    J::Str(k.clone()).write(out);
-                    out.push(':');
-                    v.write(out);
-                }
-                out.push('}');
-            }
+    fn child(&mut self, key: &str) -> &mut Value {
+        let slot = &mut self[key];
+        if slot.is_null() {
+            *slot = obj();
         }
+        slot
     }
+}
 
-    fn line(&self) -> String {
-        let mut s = String::new();
-        self.write(&mut s);
-        s
+/// An empty JSON object.
+fn obj() -> Value {
+    Value::Object(Map::new())
+}
+
+/// A measured figure, to 3 decimals; `null` if it is not finite.
+fn num(n: f64) -> Value {
+    if n.is_finite() {
+        Value::from((n * 1000.0).round() / 1000.0)
+    } else {
+        Value::Null
     }
+}
+
+/// An optional figure, `null` when absent.
+fn opt(v: Option<f64>) -> Value {
+    v.map_or(Value::Null, num)
 }
 
 /// splitmix64's finaliser: a bijection on u64, so distinct inputs give distinct outputs.
@@ -383,15 +369,15 @@ fn percentiles(mut ns: Vec<u64>) -> Option<Lat> {
     })
 }
 
-fn lat_json(lat: Option<Lat>) -> J {
+fn lat_json(lat: Option<Lat>) -> Value {
     match lat {
-        None => J::Null,
+        None => Value::Null,
         Some(l) => {
-            let mut j = J::obj();
-            j.set("p50_us", J::Num(l.p50_us))
-                .set("p99_us", J::Num(l.p99_us))
-                .set("max_us", J::Num(l.max_us))
-                .set("samples", J::Int(l.n as u64));
+            let mut j = obj();
+            j.set("p50_us", num(l.p50_us))
+                .set("p99_us", num(l.p99_us))
+                .set("max_us", num(l.max_us))
+                .set("samples", Value::from(l.n as u64));
             j
         }
     }
@@ -1670,7 +1656,7 @@ fn verdict(value: Option<f64>, pass: bool) -> &'static str {
     }
 }
 
-fn machine_json() -> J {
+fn machine_json() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -1687,15 +1673,15 @@ fn machine_json() -> J {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
     let cpus = thread::available_parallelism().map_or(0, |n| n.get() as u64);
-    let mut j = J::obj();
-    j.set("cpus", J::Int(cpus))
-        .set("cpu", J::Str(cpu))
-        .set("kernel", J::Str(kernel))
-        .set("loadavg", J::Str(load));
+    let mut j = obj();
+    j.set("cpus", Value::from(cpus))
+        .set("cpu", Value::String(cpu))
+        .set("kernel", Value::String(kernel))
+        .set("loadavg", Value::String(load));
     j
 }
 
-fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let fs = filesystem_of(&base);
     out.line(format!(
         "loadtest: {} s per cell, threads {:?}, bench dir {} on {fs}",
@@ -2034,71 +2020,70 @@ fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     ));
 
     // ---- JSON
-    let mut j = J::obj();
-    j.set("mode", J::Str("loadtest".into()))
-        .set("seconds_per_cell", J::Num(args.seconds))
+    let mut j = obj();
+    j.set("mode", Value::String("loadtest".into()))
+        .set("seconds_per_cell", num(args.seconds))
         .set(
             "threads",
-            J::Arr(threads.iter().map(|&t| J::Int(t as u64)).collect()),
+            Value::Array(threads.iter().map(|&t| Value::from(t as u64)).collect()),
         )
-        .set("replay_keys", J::Int(args.replay_keys as u64))
-        .set("body_bytes", J::Int(BODY_LEN as u64))
-        .set("dir", J::Str(base.display().to_string()))
-        .set("filesystem", J::Str(fs))
+        .set("replay_keys", Value::from(args.replay_keys as u64))
+        .set("body_bytes", Value::from(BODY_LEN as u64))
+        .set("dir", Value::String(base.display().to_string()))
+        .set("filesystem", Value::String(fs))
         .set("machine", machine_json());
-    let mut fj = J::obj();
-    fj.set("per_s", J::opt(fsync))
-        .set("before_per_s", J::opt(fsync_before.map(|f| f.0)))
-        .set("after_per_s", J::opt(fsync_after.map(|f| f.0)))
+    let mut fj = obj();
+    fj.set("per_s", opt(fsync))
+        .set("before_per_s", opt(fsync_before.map(|f| f.0)))
+        .set("after_per_s", opt(fsync_after.map(|f| f.0)))
         .set("latency", lat_json(fsync_before.and_then(|f| f.1)))
-        .set("pair_bound_per_s", J::opt(fsync.map(|f| f / 2.0)));
+        .set("pair_bound_per_s", opt(fsync.map(|f| f / 2.0)));
     j.set("fdatasync", fj);
-    let mut cj = J::obj();
-    cj.set("pages", J::Int(COMMIT_PAGES))
-        .set("per_s", J::opt(fsync_pages.map(|f| f.0)))
+    let mut cj = obj();
+    cj.set("pages", Value::from(COMMIT_PAGES))
+        .set("per_s", opt(fsync_pages.map(|f| f.0)))
         .set("latency", lat_json(fsync_pages.and_then(|f| f.1)))
-        .set("pair_bound_per_s", J::opt(fsync_pages.map(|f| f.0 / 2.0)));
+        .set("pair_bound_per_s", opt(fsync_pages.map(|f| f.0 / 2.0)));
     j.set("fdatasync_commit_shaped", cj);
     for (system, t, rate, lat) in &runner.pairs {
-        let mut cell = J::obj();
-        cell.set("per_s", J::Num(*rate))
-            .set("latency", lat_json(*lat));
+        let mut cell = obj();
+        cell.set("per_s", num(*rate)).set("latency", lat_json(*lat));
         j.child("pairs").child(system).set(t.to_string(), cell);
     }
     for (system, t, rate, lat) in &runner.payments {
-        let mut cell = J::obj();
-        cell.set("per_s", J::Num(*rate))
-            .set("latency", lat_json(*lat));
+        let mut cell = obj();
+        cell.set("per_s", num(*rate)).set("latency", lat_json(*lat));
         j.child("payments").child(system).set(t.to_string(), cell);
     }
     for (system, t, rate) in &runner.replay {
         j.child("replay")
             .child(system)
-            .set(t.to_string(), J::Num(*rate));
+            .set(t.to_string(), num(*rate));
     }
     for (system, r, p, lat) in &runner.mixed {
-        let mut cell = J::obj();
-        cell.set("replay_per_s", J::Num(*r))
-            .set("pairs_per_s", J::Num(*p))
+        let mut cell = obj();
+        cell.set("replay_per_s", num(*r))
+            .set("pairs_per_s", num(*p))
             .set("pair_latency", lat_json(*lat))
             .set(
                 "replay_over_replay_only_16",
-                J::opt(ratio(Some(*r), runner.replay_at(system, MIXED_HALF))),
+                opt(ratio(Some(*r), runner.replay_at(system, MIXED_HALF))),
             );
         j.child("mixed").set(system.clone(), cell);
     }
-    let mut tj = J::obj();
+    let mut tj = obj();
     for t in &targets {
-        let mut cell = J::obj();
-        cell.set("value", J::opt(t.value))
-            .set("min", J::Num(t.min))
-            .set("pass", t.value.map_or(J::Null, |v| J::Bool(v >= t.min)));
+        let mut cell = obj();
+        cell.set("value", opt(t.value)).set("min", num(t.min)).set(
+            "pass",
+            t.value.map_or(Value::Null, |v| Value::Bool(v >= t.min)),
+        );
         tj.set(t.name, cell);
     }
     j.set("targets", tj);
-    let mut ej = J::obj();
+    let mut ej = obj();
     for (name, v) in extra {
-        ej.set(name, J::opt(v));
+        ej.set(name, opt(v));
     }
     j.set("ratios", ej);
     Ok(j)
@@ -2145,7 +2130,7 @@ fn sweep_in(store: &Store, batch: usize) -> idempotency_store::Result<u64> {
     }
 }
 
-fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let fs = filesystem_of(&base);
     let n = args.records;
     out.line(format!(
@@ -2241,35 +2226,35 @@ fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         p99_ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}")),
         verdict(p99_ratio, pass)
     ));
-    let mut j = J::obj();
-    j.set("mode", J::Str("sweep".into()))
-        .set("records", J::Int(n))
-        .set("dir", J::Str(base.display().to_string()))
-        .set("filesystem", J::Str(fs))
+    let mut j = obj();
+    j.set("mode", Value::String("sweep".into()))
+        .set("records", Value::from(n))
+        .set("dir", Value::String(base.display().to_string()))
+        .set("filesystem", Value::String(fs))
         .set("machine", machine_json())
-        .set("prefill_s", J::Num(prefill.as_secs_f64()))
-        .set("prefill_threads", J::Int(args.prefill_threads as u64))
-        .set("file_bytes", J::Int(file_before))
+        .set("prefill_s", num(prefill.as_secs_f64()))
+        .set("prefill_threads", Value::from(args.prefill_threads as u64))
+        .set("file_bytes", Value::from(file_before))
         .set("claim_without_sweep", lat_json(baseline))
         .set("claim_during_sweep", lat_json(during))
-        .set("during_window_s", J::Num(during_time.as_secs_f64()))
-        .set("swept", J::Int(swept))
-        .set("sweep_s", J::Num(sweep_time.as_secs_f64()))
+        .set("during_window_s", num(during_time.as_secs_f64()))
+        .set("swept", Value::from(swept))
+        .set("sweep_s", num(sweep_time.as_secs_f64()))
         .set(
             "sweep_batch",
             args.sweep_batch
-                .map_or(J::Str("sweep_all".into()), |b| J::Int(b as u64)),
+                .map_or(Value::String("sweep_all".into()), |b| Value::from(b as u64)),
         )
-        .set("p99_ratio", J::opt(p99_ratio))
-        .set("p99_ratio_max", J::Num(3.0))
-        .set("pass", p99_ratio.map_or(J::Null, |_| J::Bool(pass)));
+        .set("p99_ratio", opt(p99_ratio))
+        .set("p99_ratio_max", num(3.0))
+        .set("pass", p99_ratio.map_or(Value::Null, |_| Value::Bool(pass)));
     Ok(j)
 }
 
 // ---------------------------------------------------------------------------------------------
 // --space: a million completed records: peak RSS and file size
 
-fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let fs = filesystem_of(&base);
     let n = args.records;
     out.line(format!(
@@ -2282,11 +2267,11 @@ fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
     let took = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
     let rss_open = peak_rss_kib();
     // Where the resident memory is right after the inserts (the peak is VmHWM).
-    let mut now_rss = J::obj();
+    let mut now_rss = obj();
     for field in ["VmRSS", "RssAnon", "RssFile", "VmStk"] {
         now_rss.set(
             field,
-            J::opt(proc_status_kib(field).map(|k| k as f64 / 1024.0)),
+            opt(proc_status_kib(field).map(|k| k as f64 / 1024.0)),
         );
     }
     let (file_open, alloc_open) = file_bytes(&path);
@@ -2328,33 +2313,33 @@ fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
         mib(alloc_closed),
         alloc_open.max(alloc_closed) as f64 / raw as f64
     ));
-    let mut j = J::obj();
-    j.set("mode", J::Str("space".into()))
-        .set("records", J::Int(n))
-        .set("dir", J::Str(base.display().to_string()))
-        .set("filesystem", J::Str(fs))
+    let mut j = obj();
+    j.set("mode", Value::String("space".into()))
+        .set("records", Value::from(n))
+        .set("dir", Value::String(base.display().to_string()))
+        .set("filesystem", Value::String(fs))
         .set("machine", machine_json())
-        .set("insert_s", J::Num(took.as_secs_f64()))
-        .set("threads", J::Int(args.prefill_threads as u64))
-        .set("completed", J::Int(stats.completed))
-        .set("peak_rss_mib", J::opt(rss_mib))
+        .set("insert_s", num(took.as_secs_f64()))
+        .set("threads", Value::from(args.prefill_threads as u64))
+        .set("completed", Value::from(stats.completed))
+        .set("peak_rss_mib", opt(rss_mib))
         .set(
             "peak_rss_mib_while_open",
-            J::opt(rss_open.map(|k| k as f64 / 1024.0)),
+            opt(rss_open.map(|k| k as f64 / 1024.0)),
         )
-        .set("file_bytes_open", J::Int(file_open))
-        .set("file_bytes_closed", J::Int(file_closed))
-        .set("allocated_bytes_open", J::Int(alloc_open))
-        .set("allocated_bytes_closed", J::Int(alloc_closed))
-        .set(
-            "closed_file_over_raw",
-            J::Num(file_closed as f64 / raw as f64),
-        )
+        .set("file_bytes_open", Value::from(file_open))
+        .set("file_bytes_closed", Value::from(file_closed))
+        .set("allocated_bytes_open", Value::from(alloc_open))
+        .set("allocated_bytes_closed", Value::from(alloc_closed))
+        .set("closed_file_over_raw", num(file_closed as f64 / raw as f64))
         .set("mib_after_insert", now_rss)
-        .set("raw_bytes", J::Int(raw))
-        .set("file_over_raw", J::Num(ratio))
-        .set("rss_pass", rss_mib.map_or(J::Null, |_| J::Bool(rss_pass)))
-        .set("file_pass", J::Bool(file_pass));
+        .set("raw_bytes", Value::from(raw))
+        .set("file_over_raw", num(ratio))
+        .set(
+            "rss_pass",
+            rss_mib.map_or(Value::Null, |_| Value::Bool(rss_pass)),
+        )
+        .set("file_pass", Value::Bool(file_pass));
     Ok(j)
 }
 
@@ -2363,7 +2348,7 @@ fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
 
 /// Fills a store with `--records` completed records, then aborts: no clean close, so the next
 /// open finds the file as a crash leaves it.
-fn recovery_child(args: &Args, out: &Out) -> Res<J> {
+fn recovery_child(args: &Args, out: &Out) -> Res<Value> {
     let (path, durability) = args.child.clone().ok_or("--recovery-child needs a path")?;
     let store = Store::builder()
         .durability(durability)
@@ -2379,15 +2364,15 @@ fn recovery_child(args: &Args, out: &Out) -> Res<J> {
     std::process::abort();
 }
 
-fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
+fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let n = args.records;
     out.line(format!(
         "recovery: first open after a crash (child aborted after {n} completed records), per durability"
     ));
     let exe = std::env::current_exe().map_err(|e| err("current exe", e))?;
-    let mut j = J::obj();
-    j.set("mode", J::Str("recovery".into()))
-        .set("records", J::Int(n))
+    let mut j = obj();
+    j.set("mode", Value::String("recovery".into()))
+        .set("records", Value::from(n))
         .set("machine", machine_json());
     for (name, durability) in [
         ("immediate", Durability::Immediate),
@@ -2424,30 +2409,19 @@ fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<J> {
             after_crash.as_secs_f64() * 1e3,
             clean.as_secs_f64() * 1e3,
         ));
-        let mut r = J::obj();
-        r.set(
-            "open_after_crash_ms",
-            J::Num(after_crash.as_secs_f64() * 1e3),
-        )
-        .set(
-            "open_after_clean_close_ms",
-            J::Num(clean.as_secs_f64() * 1e3),
-        )
-        .set("records_survived", J::Int(completed))
-        .set("allocated_mib", J::Num(mib));
+        let mut r = obj();
+        r.set("open_after_crash_ms", num(after_crash.as_secs_f64() * 1e3))
+            .set("open_after_clean_close_ms", num(clean.as_secs_f64() * 1e3))
+            .set("records_survived", Value::from(completed))
+            .set("allocated_mib", num(mib));
         j.set(name, r);
     }
     Ok(j)
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    // A usage error exits 2 with clap's message; --help prints to stdout and exits 0.
+    let args = parse_args();
     let out = Out {
         quiet: args.json_only,
     };
@@ -2493,8 +2467,8 @@ fn main() -> ExitCode {
         Mode::RecoveryChild => recovery_child(&args, &out),
     });
     let result = result.map(|mut j| {
-        j.set("metrics_feature", J::Bool(cfg!(feature = "metrics")))
-            .set("tracing_feature", J::Bool(cfg!(feature = "tracing")));
+        j.set("metrics_feature", Value::Bool(cfg!(feature = "metrics")))
+            .set("tracing_feature", Value::Bool(cfg!(feature = "tracing")));
         if let Some(handle) = &recorder {
             // Proof that the values reached the recorder: its rendered sample lines.
             let samples = handle
@@ -2502,13 +2476,13 @@ fn main() -> ExitCode {
                 .lines()
                 .filter(|l| !l.starts_with('#'))
                 .count();
-            j.set("recorder_samples", J::Int(samples as u64));
+            j.set("recorder_samples", Value::from(samples as u64));
         }
         j
     });
     match result {
         Ok(j) => {
-            println!("JSON: {}", j.line());
+            println!("JSON: {j}");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -5,8 +5,8 @@
 use ::postgres::Row;
 
 use super::PgStore;
-use super::rows::{col, parts, pg, record_from};
-use super::sql::{RECORD_COLUMNS, after_lock, key_lock};
+use super::lock::{after_lock, key_lock};
+use super::rows::{RECORD_COLUMNS, col, parts, pg, record_from};
 use super::typed::Query;
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;

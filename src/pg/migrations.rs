@@ -3,9 +3,9 @@
 
 use ::postgres::Client;
 
+use super::lock::CLAIM_LOCK_CLASS;
 use super::quota;
 use super::rows::{col, pg};
-use super::sql::CLAIM_LOCK_CLASS;
 use super::typed::Query;
 use crate::error::{Error, Result};
 

@@ -33,6 +33,7 @@ mod calls;
 mod claim;
 mod conn;
 mod effects;
+mod lock;
 mod metrics;
 mod migrations;
 mod quota;

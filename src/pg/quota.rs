@@ -11,8 +11,8 @@
 use ::postgres::types::ToSql;
 use ::postgres::{Client, GenericClient, Transaction};
 
+use super::lock::{NOW, try_key_lock};
 use super::rows::{col, pg};
-use super::sql::{NOW, try_key_lock};
 use super::typed::Query;
 use crate::api::settings::WhenFull;
 use crate::error::{Error, Result};

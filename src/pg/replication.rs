@@ -129,7 +129,7 @@ pub(super) fn read(client: &mut Client) -> Result<FailoverSafety> {
 }
 
 /// The `synchronous_commit` the store's statements commit with, given the session's (see
-/// `sql::DURABLE`).
+/// `lock::DURABLE`).
 fn in_force(session: &str) -> &'static str {
     if session == "remote_apply" {
         "remote_apply"

@@ -4,8 +4,6 @@
 use ::postgres::Row;
 use ::postgres::types::FromSql;
 
-#[cfg(doc)]
-use super::sql::RECORD_COLUMNS;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::record::{Record, State};
@@ -77,40 +75,65 @@ fn decode_headers(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
     Ok(headers)
 }
 
+/// The columns a record is read from, after `c.now`.
+pub(super) const RECORD_COLUMNS: &str = "r.fingerprint, r.fingerprint_version, r.state, r.token, \
+     r.attempt, r.lease_until, r.checkpoint, r.response_status, r.response_headers, \
+     r.response_body, r.created_at, r.completed_at, r.expires_at, r.claim_id";
+
+/// Where each of [`RECORD_COLUMNS`] is, from the first one (`at` in [`record_from`]).
+mod column {
+    pub(super) const FINGERPRINT: usize = 0;
+    pub(super) const FINGERPRINT_VERSION: usize = 1;
+    pub(super) const STATE: usize = 2;
+    pub(super) const TOKEN: usize = 3;
+    pub(super) const ATTEMPT: usize = 4;
+    pub(super) const LEASE_UNTIL: usize = 5;
+    pub(super) const CHECKPOINT: usize = 6;
+    pub(super) const RESPONSE_STATUS: usize = 7;
+    pub(super) const RESPONSE_HEADERS: usize = 8;
+    pub(super) const RESPONSE_BODY: usize = 9;
+    pub(super) const CREATED_AT: usize = 10;
+    pub(super) const COMPLETED_AT: usize = 11;
+    pub(super) const EXPIRES_AT: usize = 12;
+    pub(super) const CLAIM_ID: usize = 13;
+}
+
 /// The record in `row` from column `at` on ([`RECORD_COLUMNS`]), or `None` if the join found
 /// no row.
 pub(super) fn record_from(row: &Row, at: usize) -> Result<Option<Record>> {
-    let Some(state) = col::<Option<String>>(row, at + 2)? else {
+    let Some(state) = col::<Option<String>>(row, at + column::STATE)? else {
         return Ok(None);
     };
     let need = |what: &str| Error::corrupted(format!("a {state} record has no {what}"));
-    let digest: Vec<u8> = col(row, at)?;
+    let digest: Vec<u8> = col(row, at + column::FINGERPRINT)?;
     let digest: [u8; 32] = digest
         .as_slice()
         .try_into()
         .map_err(|_| Error::corrupted(format!("a fingerprint of {} bytes", digest.len())))?;
-    let version: i16 = col(row, at + 1)?;
+    let version: i16 = col(row, at + column::FINGERPRINT_VERSION)?;
     let version = u8::try_from(version)
         .map_err(|_| Error::corrupted(format!("fingerprint version {version}")))?;
     let state = match state.as_str() {
         "in_progress" => State::InProgress {
-            token: token_col(row, at + 3)?,
-            lease_until: col::<Option<i64>>(row, at + 5)?
+            token: token_col(row, at + column::TOKEN)?,
+            lease_until: col::<Option<i64>>(row, at + column::LEASE_UNTIL)?
                 .ok_or_else(|| need("lease deadline"))
                 .and_then(|v| {
                     u64::try_from(v).map_err(|_| Error::corrupted("a negative lease deadline"))
                 })?,
-            checkpoint: col(row, at + 6)?,
-            claim_id: col::<Option<i64>>(row, at + 13)?
+            checkpoint: col(row, at + column::CHECKPOINT)?,
+            claim_id: col::<Option<i64>>(row, at + column::CLAIM_ID)?
                 .map(|id| u64::from_ne_bytes(id.to_ne_bytes())),
         },
         "completed" => {
-            let status: i32 = col::<Option<i32>>(row, at + 7)?.ok_or_else(|| need("status"))?;
-            let headers: Vec<u8> =
-                col::<Option<Vec<u8>>>(row, at + 8)?.ok_or_else(|| need("headers"))?;
-            let body: Vec<u8> = col::<Option<Vec<u8>>>(row, at + 9)?.ok_or_else(|| need("body"))?;
-            let completed_at: i64 =
-                col::<Option<i64>>(row, at + 11)?.ok_or_else(|| need("completion time"))?;
+            let status: i32 = col::<Option<i32>>(row, at + column::RESPONSE_STATUS)?
+                .ok_or_else(|| need("status"))?;
+            let headers: Vec<u8> = col::<Option<Vec<u8>>>(row, at + column::RESPONSE_HEADERS)?
+                .ok_or_else(|| need("headers"))?;
+            let body: Vec<u8> = col::<Option<Vec<u8>>>(row, at + column::RESPONSE_BODY)?
+                .ok_or_else(|| need("body"))?;
+            let completed_at: i64 = col::<Option<i64>>(row, at + column::COMPLETED_AT)?
+                .ok_or_else(|| need("completion time"))?;
             State::Completed {
                 completed_at: u64::try_from(completed_at)
                     .map_err(|_| Error::corrupted("a negative completion time"))?,
@@ -120,16 +143,16 @@ pub(super) fn record_from(row: &Row, at: usize) -> Result<Option<Record>> {
                     headers: decode_headers(&headers)?,
                     body,
                 },
-                token: Some(token_col(row, at + 3)?),
+                token: Some(token_col(row, at + column::TOKEN)?),
             }
         }
         other => return Err(Error::corrupted(format!("unknown record state {other:?}"))),
     };
     Ok(Some(Record {
         fingerprint: Fingerprint::from_raw(version, digest),
-        created_at: millis_col(row, at + 10)?,
-        expires_at: millis_col(row, at + 12)?,
-        attempt: attempt_col(row, at + 4)?,
+        created_at: millis_col(row, at + column::CREATED_AT)?,
+        expires_at: millis_col(row, at + column::EXPIRES_AT)?,
+        attempt: attempt_col(row, at + column::ATTEMPT)?,
         state,
     }))
 }
@@ -228,6 +251,30 @@ pub(super) fn check_row(row: &Row, problems: &mut Vec<String>, max_token: &mut u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn column_positions_match_the_column_list() {
+        let names: Vec<&str> = RECORD_COLUMNS.split(',').map(str::trim).collect();
+        for (position, name) in [
+            (column::FINGERPRINT, "r.fingerprint"),
+            (column::FINGERPRINT_VERSION, "r.fingerprint_version"),
+            (column::STATE, "r.state"),
+            (column::TOKEN, "r.token"),
+            (column::ATTEMPT, "r.attempt"),
+            (column::LEASE_UNTIL, "r.lease_until"),
+            (column::CHECKPOINT, "r.checkpoint"),
+            (column::RESPONSE_STATUS, "r.response_status"),
+            (column::RESPONSE_HEADERS, "r.response_headers"),
+            (column::RESPONSE_BODY, "r.response_body"),
+            (column::CREATED_AT, "r.created_at"),
+            (column::COMPLETED_AT, "r.completed_at"),
+            (column::EXPIRES_AT, "r.expires_at"),
+            (column::CLAIM_ID, "r.claim_id"),
+        ] {
+            assert_eq!(names.get(position), Some(&name), "column {position}");
+        }
+        assert_eq!(names.len(), 14);
+    }
 
     #[test]
     fn headers_round_trip_through_their_encoding() -> Result<()> {

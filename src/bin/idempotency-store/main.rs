@@ -71,6 +71,12 @@ Looking never changes the store:
   missing schema, or one at another migration than this build's, is an error (exit 2,
   kind not-a-store). Use the CLI of the version the services run.
 
+Intents of the client's outbox (records of the scope idempotency-client: a device's
+outbound payments, resent with the same key until answered) are shown with their key and
+state, never as stuck. release refuses one unless given --allow-new-key-may-charge-twice:
+its operation would be begun again under a new key, and a payment that reached the server
+would be charged twice.
+
 Exit codes:
   0  done; also release answered \"no\" (nothing released), --help, --version
   1  done, but the answer is a problem: verify found problems (or the file is damaged or

@@ -1,0 +1,63 @@
+//! The time, the commit's durability and the key's advisory locks, as the statements of `sql`
+//! and `quota` spell them.
+
+/// The columns that make the transaction's commit failover-safe whatever the role's or the
+/// session's defaults: `synchronous_commit` raised to at least `on` (kept at `remote_apply`),
+/// so that with synchronous standbys the commit waits for one; and `client_min_messages`
+/// lowered to `warning` if it is `error`, so that the WARNING of a cancelled wait for a standby
+/// reaches the client (see `sync_wait`). `set_config(…, true)` lasts until the end of the
+/// transaction, which an autocommit statement is, and commit reads it before it is undone;
+/// nothing outlives the transaction (PgBouncer's transaction pooling stays safe). Being
+/// volatile, the calls run even though no statement reads their columns.
+macro_rules! durable {
+    () => {
+        "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+         WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS durable, \
+         CASE WHEN current_setting('client_min_messages') = 'error' \
+         THEN set_config('client_min_messages', 'warning', true) END AS warnings"
+    };
+}
+
+/// The current time inside a statement: the injected clock's (`$1`) or the server's; and
+/// the commit's durability ([`DURABLE`]), set in the same CTE so that it costs no round trip.
+pub(super) const NOW: &str = concat!(
+    "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, ",
+    durable!(),
+    ")"
+);
+
+/// [`durable!`], for statements built at run time.
+pub(super) const DURABLE: &str = durable!();
+
+/// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
+/// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
+pub(super) const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
+
+/// The key's advisory lock (the two-`int4` form, class [`CLAIM_LOCK_CLASS`]), held to the end
+/// of the transaction: every claim of the key and every deletion of its record takes it, so
+/// that a claim reads the time and draws its token only once nothing else can acquire the key
+/// or delete its record. `scope` and `key` are SQL expressions.
+pub(super) fn key_lock(scope: &str, key: &str) -> String {
+    format!(
+        "pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// The same lock if it is free, for a sweep, which skips a key that a claim holds.
+pub(super) fn try_key_lock(scope: &str, key: &str) -> String {
+    format!(
+        "pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
+         hashtext({scope}::text || chr(1) || {key}::text))"
+    )
+}
+
+/// The start of a statement that must read the time after taking a lock: `w` runs `lock`, and
+/// only then does `c` read the time (`$1`, or the server's clock).
+pub(super) fn after_lock(lock: &str) -> String {
+    format!(
+        "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
+         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
+         {DURABLE} FROM w)"
+    )
+}
