@@ -178,3 +178,74 @@ fn racing_readers_never_see_a_replay_past_its_expiry() {
         );
     }
 }
+
+/// Claims answer from the cache as well (no `cached_replay` call needed to fill it), and the
+/// cache never outlives the record: threads claiming a set of keys while the clock passes
+/// their expiry never get a replay at or past it, and once expired each key is acquired
+/// afresh (its new completion replays, not the old one).
+#[test]
+fn claims_from_the_cache_never_replay_past_expiry_nor_an_old_record() {
+    for round in 0..10 {
+        let clock = clock();
+        let store = Arc::new(builder(&clock).open_in_memory().expect("open"));
+        let fp = Fingerprint::of(["a"]);
+        let keys: Vec<Key> = (0..8)
+            .map(|i| Key::new(&format!("k{i}")).expect("key"))
+            .collect();
+        for key in &keys {
+            complete_and_replay(&store, key, fp, "old");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let claimers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, keys, stop) = (Arc::clone(&store), keys.clone(), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut replays = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        for key in &keys {
+                            let before = Store::now(&store);
+                            match store.claim(key, fp).expect("claim") {
+                                Claim::Completed(replay) => {
+                                    assert!(replay.expires_at > before, "{replay:?} at {before:?}");
+                                    assert_eq!(replay.response.body, b"old");
+                                    replays += 1;
+                                }
+                                // Past expiry: a fresh lease, left to lapse (no new completion).
+                                Claim::Acquired(_) | Claim::InProgress { .. } => {}
+                                other @ Claim::Mismatch { .. } => panic!("{other:?}"),
+                            }
+                        }
+                    }
+                    replays
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        clock.advance(RETENTION + Duration::from_millis(round));
+        std::thread::sleep(Duration::from_millis(20));
+        stop.store(true, Ordering::SeqCst);
+        let replays: u64 = claimers
+            .into_iter()
+            .map(|c| c.join().expect("claimer"))
+            .sum();
+        assert!(replays > 0, "the claimers replayed before the expiry");
+        assert!(
+            store.metrics().claims.replayed >= replays,
+            "replays from the cache are counted"
+        );
+        // Every key now holds a live lease of a new attempt; settle one and see its answer.
+        clock.advance(LEASE);
+        let Ok(Claim::Acquired(lease)) = store.claim(&keys[0], fp) else {
+            panic!("expected a takeover of the lapsed lease")
+        };
+        store
+            .complete(&lease, Response::new(201, "new"))
+            .expect("complete");
+        for _ in 0..3 {
+            let Ok(Claim::Completed(replay)) = store.claim(&keys[0], fp) else {
+                panic!("expected Completed")
+            };
+            assert_eq!(replay.response.body, b"new");
+        }
+    }
+}

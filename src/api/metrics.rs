@@ -2,7 +2,7 @@
 //! snapshot [`Metrics`] that `Store::metrics` and `PgStore::metrics` return. Both backends count
 //! the same calls under the same names, so dashboards work on either.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::api::outcome::Claim;
@@ -186,22 +186,52 @@ impl Buckets {
         self.sum_us.fetch_add(us, Relaxed);
     }
 
-    fn snapshot(&self) -> Latency {
-        let buckets: Vec<u64> = self.counts.iter().map(|c| c.load(Relaxed)).collect();
+    /// The histograms of `stripes`, added up.
+    fn sum<'a>(stripes: impl Iterator<Item = &'a Buckets>) -> Latency {
+        let mut buckets = vec![0u64; LATENCY_BUCKETS_US.len() + 1];
+        let mut sum_us = 0u64;
+        for stripe in stripes {
+            for (total, count) in buckets.iter_mut().zip(&stripe.counts) {
+                *total += count.load(Relaxed);
+            }
+            sum_us = sum_us.wrapping_add(stripe.sum_us.load(Relaxed));
+        }
         Latency {
             count: buckets.iter().sum(),
-            sum_us: self.sum_us.load(Relaxed),
+            sum_us,
             buckets,
         }
     }
 }
 
 /// The counters one store keeps; every update is one relaxed atomic add (and, with feature
-/// `metrics`, the same count published through the facade).
+/// `metrics`, the same count published through the facade), on the calling thread's stripe.
 #[derive(Debug)]
 pub(crate) struct Counters {
     series: &'static CallSeries,
     show_keys: bool,
+    /// The same counters several times over, each on cache lines of its own; a thread adds to
+    /// one, a snapshot sums them. One set shared by all made every claim on one core take the
+    /// lines from the other (3.7 % of a 64-thread replay profile).
+    stripes: Box<[Cells]>,
+}
+
+/// How many stripes: a few per core of a usual server, so that threads rarely share one.
+const STRIPES: usize = 16;
+
+/// The stripe this thread adds to: threads take stripes in turn as they first count.
+fn stripe_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+    }
+    MINE.with(|mine| *mine)
+}
+
+/// One stripe of the counters.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Cells {
     acquired: AtomicU64,
     taken_over: AtomicU64,
     in_progress: AtomicU64,
@@ -224,27 +254,17 @@ impl Counters {
     /// Zeroed counters for the backend whose calls `series` names; `show_keys`: whether its
     /// `tracing` events may show keys.
     pub(crate) fn new(series: &'static CallSeries, show_keys: bool) -> Counters {
-        let zero = || AtomicU64::new(0);
         Counters {
             series,
             show_keys,
-            acquired: zero(),
-            taken_over: zero(),
-            in_progress: zero(),
-            replayed: zero(),
-            mismatch: zero(),
-            completes: zero(),
-            releases: zero(),
-            heartbeats: zero(),
-            lease_lost: zero(),
-            quota_refusals: zero(),
-            waits: zero(),
-            wait_timeouts: zero(),
-            swept: zero(),
-            errors: std::array::from_fn(|_| zero()),
-            claim_latency: Buckets::default(),
-            complete_latency: Buckets::default(),
+            stripes: (0..STRIPES).map(|_| Cells::default()).collect(),
         }
+    }
+
+    /// The calling thread's stripe.
+    fn cells(&self) -> &Cells {
+        // The index is below STRIPES, the stripes' count.
+        &self.stripes[stripe_index()]
     }
 
     /// Adds one to `counter`, and to the published counter `series`.
@@ -256,22 +276,23 @@ impl Counters {
     /// Counts a claim's outcome and time.
     pub(crate) fn claimed(&self, result: &Result<Claim>, started: Instant) {
         let elapsed = started.elapsed();
-        self.claim_latency.record(elapsed);
+        let cells = self.cells();
+        cells.claim_latency.record(elapsed);
         let series = self.series;
         publish::time(&series.claim_seconds, elapsed);
         let (counter, published) = match result {
             Ok(Claim::Acquired(lease)) if lease.attempt > 1 => {
                 trace::taken_over(series.backend, &lease.key, lease.attempt, self.show_keys);
-                (&self.taken_over, &series.taken_over)
+                (&cells.taken_over, &series.taken_over)
             }
-            Ok(Claim::Acquired(_)) => (&self.acquired, &series.acquired),
-            Ok(Claim::InProgress { .. }) => (&self.in_progress, &series.in_progress),
-            Ok(Claim::Completed(_)) => (&self.replayed, &series.replayed),
-            Ok(Claim::Mismatch { .. }) => (&self.mismatch, &series.mismatch),
+            Ok(Claim::Acquired(_)) => (&cells.acquired, &series.acquired),
+            Ok(Claim::InProgress { .. }) => (&cells.in_progress, &series.in_progress),
+            Ok(Claim::Completed(_)) => (&cells.replayed, &series.replayed),
+            Ok(Claim::Mismatch { .. }) => (&cells.mismatch, &series.mismatch),
             Err(err) => {
                 if matches!(err, Error::QuotaExceeded { .. }) {
                     trace::quota_refused(series.backend);
-                    Self::bump(&self.quota_refusals, &series.quota_refusals);
+                    Self::bump(&cells.quota_refusals, &series.quota_refusals);
                 }
                 return self.failed(err);
             }
@@ -281,16 +302,16 @@ impl Counters {
 
     /// Counts a settling call's outcome (and a completion's time).
     pub(crate) fn settled<T>(&self, call: Call, result: &Result<T>, started: Instant) {
-        let series = self.series;
+        let (series, cells) = (self.series, self.cells());
         let done = match call {
             Call::Complete => {
                 let elapsed = started.elapsed();
-                self.complete_latency.record(elapsed);
+                cells.complete_latency.record(elapsed);
                 publish::time(&series.complete_seconds, elapsed);
-                Some((&self.completes, &series.completes))
+                Some((&cells.completes, &series.completes))
             }
-            Call::Release => Some((&self.releases, &series.releases)),
-            Call::Heartbeat => Some((&self.heartbeats, &series.heartbeats)),
+            Call::Release => Some((&cells.releases, &series.releases)),
+            Call::Heartbeat => Some((&cells.heartbeats, &series.heartbeats)),
             Call::Checkpoint => None,
         };
         match (result, done) {
@@ -299,7 +320,7 @@ impl Counters {
             (Err(err), _) => {
                 if matches!(err, Error::LeaseLost) {
                     trace::lease_lost(series.backend, call.name());
-                    Self::bump(&self.lease_lost, &series.lease_lost);
+                    Self::bump(&cells.lease_lost, &series.lease_lost);
                 }
                 self.failed(err);
             }
@@ -318,7 +339,7 @@ impl Counters {
             _ => 6,
         };
         if let (Some(counter), Some(published)) =
-            (self.errors.get(kind), self.series.errors.get(kind))
+            (self.cells().errors.get(kind), self.series.errors.get(kind))
         {
             Self::bump(counter, published);
         }
@@ -326,40 +347,48 @@ impl Counters {
 
     /// Counts records deleted by a sweep.
     pub(crate) fn swept(&self, records: u64) {
-        self.swept.fetch_add(records, Relaxed);
+        self.cells().swept.fetch_add(records, Relaxed);
         publish::count(&self.series.swept, records);
     }
 
     /// Counts a `claim_wait` caller blocking (`false`), or giving up at its timeout (`true`).
     pub(crate) fn waited(&self, timed_out: bool) {
         if timed_out {
-            Self::bump(&self.wait_timeouts, &self.series.wait_timeouts);
+            Self::bump(&self.cells().wait_timeouts, &self.series.wait_timeouts);
         } else {
-            Self::bump(&self.waits, &self.series.waits);
+            Self::bump(&self.cells().waits, &self.series.waits);
         }
     }
 
-    /// The counters now.
+    /// The counters now: every stripe's, summed.
     pub(crate) fn snapshot(&self) -> Metrics {
-        let get = |c: &AtomicU64| c.load(Relaxed);
-        let e = |i: usize| self.errors.get(i).map_or(0, get);
+        let sum = |field: fn(&Cells) -> &AtomicU64| -> u64 {
+            self.stripes.iter().map(|c| field(c).load(Relaxed)).sum()
+        };
+        let e = |i: usize| -> u64 {
+            self.stripes
+                .iter()
+                .filter_map(|c| c.errors.get(i))
+                .map(|c| c.load(Relaxed))
+                .sum()
+        };
         Metrics {
             backend: self.series.backend,
             claims: ClaimCounts {
-                acquired: get(&self.acquired),
-                taken_over: get(&self.taken_over),
-                in_progress: get(&self.in_progress),
-                replayed: get(&self.replayed),
-                mismatch: get(&self.mismatch),
+                acquired: sum(|c| &c.acquired),
+                taken_over: sum(|c| &c.taken_over),
+                in_progress: sum(|c| &c.in_progress),
+                replayed: sum(|c| &c.replayed),
+                mismatch: sum(|c| &c.mismatch),
             },
-            completes: get(&self.completes),
-            releases: get(&self.releases),
-            heartbeats: get(&self.heartbeats),
-            lease_lost: get(&self.lease_lost),
-            quota_refusals: get(&self.quota_refusals),
-            waits: get(&self.waits),
-            wait_timeouts: get(&self.wait_timeouts),
-            swept: get(&self.swept),
+            completes: sum(|c| &c.completes),
+            releases: sum(|c| &c.releases),
+            heartbeats: sum(|c| &c.heartbeats),
+            lease_lost: sum(|c| &c.lease_lost),
+            quota_refusals: sum(|c| &c.quota_refusals),
+            waits: sum(|c| &c.waits),
+            wait_timeouts: sum(|c| &c.wait_timeouts),
+            swept: sum(|c| &c.swept),
             errors: ErrorCounts {
                 invalid_key: e(0),
                 response_too_large: e(1),
@@ -369,8 +398,8 @@ impl Counters {
                 storage: e(5),
                 other: e(6),
             },
-            claim_latency: self.claim_latency.snapshot(),
-            complete_latency: self.complete_latency.snapshot(),
+            claim_latency: Buckets::sum(self.stripes.iter().map(|c| &c.claim_latency)),
+            complete_latency: Buckets::sum(self.stripes.iter().map(|c| &c.complete_latency)),
             engine: None,
         }
     }

@@ -190,6 +190,12 @@ impl Engine {
     /// across restarts).
     pub(crate) fn now(&self) -> Timestamp {
         let wall = self.config.clock.now().as_millis();
+        // A load first: the mark moves at most once a millisecond, and a read-modify-write on
+        // every call would make all cores take the line in turn.
+        let seen = self.high_water.load(Ordering::SeqCst);
+        if wall <= seen {
+            return Timestamp::from_millis(seen);
+        }
         let before = self.high_water.fetch_max(wall, Ordering::SeqCst);
         Timestamp::from_millis(before.max(wall))
     }

@@ -164,9 +164,12 @@ impl StoreBuilder {
     }
 
     /// Memory for replays answered without reading the store, in bytes (default 4 MiB; 0 turns
-    /// it off): see [`Store::cached_replay`], which the tower layer uses so that a retry of a
-    /// completed key is answered on the async thread. Each kept replay costs its key, headers
-    /// and body plus about 160 bytes; the oldest go first.
+    /// it off): a claim of a completed key that replayed before is answered from it, without
+    /// a read transaction, and so is [`Store::cached_replay`], which the tower layer uses so
+    /// that a retry of a completed key is answered on the async thread. Each kept replay costs
+    /// its key, headers and body plus about 160 bytes; the oldest go first. From 128 KiB on,
+    /// the memory is split into up to 16 shards of at least 64 KiB, so that cores replaying
+    /// different keys do not share a lock; a replay larger than one shard is not kept.
     pub fn replay_cache(&mut self, bytes: usize) -> &mut Self {
         self.replay_cache = bytes;
         self

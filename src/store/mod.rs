@@ -135,8 +135,8 @@ impl Store {
     ///   last checkpoint); the old holder's token is dead;
     /// - completed: [`Claim::Completed`] with the stored response.
     ///
-    /// Answers that write nothing (replay, mismatch, in progress) come from a read transaction
-    /// and never wait for the writer. A claim that acquires returns after its commit is durable.
+    /// Answers that write nothing (replay, mismatch, in progress) come from a read transaction,
+    /// or for a key replayed before from memory, and never wait for the writer. A claim that acquires returns after its commit is durable.
     ///
     /// Ordering: per key, leases are granted in the order of their [tokens](Lease::token), each
     /// beginning no earlier than the previous holder's release. A lease is never handed out
@@ -244,9 +244,10 @@ impl Store {
     /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](Store::metrics)
     /// as everywhere.
     ///
-    /// Memory: up to [`StoreBuilder::replay_cache`] bytes (default 4 MiB), filled only once
-    /// this method has been called; a store that evicts completed records to make room
-    /// ([`WhenFull::EvictOldestCompleted`](crate::WhenFull::EvictOldestCompleted)) keeps none.
+    /// Memory: up to [`StoreBuilder::replay_cache`] bytes (default 4 MiB), filled by claims
+    /// that replay (which answer from it too); a store that evicts completed records to make
+    /// room ([`WhenFull::EvictOldestCompleted`](crate::WhenFull::EvictOldestCompleted)) keeps
+    /// none.
     ///
     /// ```
     /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
@@ -282,6 +283,11 @@ impl Store {
     ) -> Result<Claim> {
         self.check_key(key)?;
         let now = self.now();
+        // A completed record does not change until it expires: no read transaction, page
+        // cache or decode for a key replayed before (see `replay_cache`).
+        if let Some(replay) = self.replays.get(key, fingerprint, now) {
+            return Ok(Claim::Completed(replay));
+        }
         if let Verdict::Answer(answer) = verdict(key, self.read(key)?, fingerprint, id, now) {
             if let Claim::Completed(replay) = &answer {
                 self.replays.insert(key, fingerprint, replay);
