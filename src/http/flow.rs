@@ -137,7 +137,7 @@ fn with_previous(
 
 /// The replay answer, if the store can give it from memory without blocking
 /// ([`IdempotencyStore::cached_replay`]).
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "tower", feature = "actix")), allow(dead_code))]
 pub(crate) fn cached_replay<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,

@@ -136,7 +136,10 @@
 //! be the wrong answer. Convert a response with [`to_http`] *before* storing it, and a replay
 //! can never fail this way.
 
-#[cfg(feature = "tower")]
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub mod actix;
+#[cfg(any(feature = "tower", feature = "actix"))]
 mod admission;
 mod canonical_json;
 mod flow;
@@ -145,6 +148,8 @@ mod heartbeat;
 mod options;
 mod policy;
 mod retry_after;
+#[cfg(feature = "actix")]
+mod runner;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
