@@ -175,18 +175,66 @@ fn bad_key_is_400(adapter: &Adapter) {
     assert_eq!(handler.runs(), 0, "{}", adapter.name);
 }
 
-/// Issue 39's case: the client's timeout (1 s) is shorter than the handler (2.5 s); it
-/// retries with the same key every 100 ms, each attempt again with a 1 s timeout.
-fn a_client_that_times_out_gets_the_one_answer_on_retry(adapter: &Adapter) {
+/// How a client that gives up on its answer leaves.
+#[derive(Clone, Copy, Debug)]
+enum HangUp {
+    /// Closes the connection (FIN), as a client whose timeout passed does.
+    Close,
+    /// Resets it (RST), as a killed client, a proxy or a load balancer may.
+    Reset,
+}
+
+/// Sends a payment with `key`, waits `patience` for the answer (there must be none by then)
+/// and hangs up.
+fn give_up(addr: std::net::SocketAddr, key: &str, patience: Duration, how: HangUp) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let request = format!(
+        "POST /payments HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: \"{key}\"\r\nContent-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    stream.write_all(request.as_bytes()).expect("send");
+    stream.set_read_timeout(Some(patience)).expect("timeout");
+    let mut byte = [0u8; 1];
+    let read = stream.read(&mut byte);
+    assert!(
+        matches!(&read, Err(err) if err.kind() == std::io::ErrorKind::WouldBlock
+            || err.kind() == std::io::ErrorKind::TimedOut),
+        "answered within {patience:?}: {read:?}"
+    );
+    if let HangUp::Reset = how {
+        reset_on_close(&stream);
+    }
+}
+
+/// `SO_LINGER` 0: closing the socket sends RST instead of FIN.
+fn reset_on_close(stream: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a `linger` of the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_LINGER");
+}
+
+/// Issue 39's case: the client gives up after 1 s on a 2.5 s handler, then retries with the
+/// same key every 100 ms, each attempt again with a 1 s timeout.
+fn retry_after_hang_up(adapter: &Adapter, how: HangUp) {
     let handler = Handler::new(Duration::from_millis(2500));
     let server = start(adapter, memory_store(), HandleOptions::new(), &handler);
+    give_up(server.addr, "impatient", Duration::from_secs(1), how);
     let http = Client::new(server.addr).with_timeout(Duration::from_secs(1));
-    let first = http.post("/payments", Some("impatient"), BODY);
-    assert!(
-        first.is_err(),
-        "{}: answered within 1 s: {first:?}",
-        adapter.name
-    );
     let deadline = Instant::now() + Duration::from_secs(8);
     let answer = loop {
         match http.post("/payments", Some("impatient"), BODY) {
@@ -195,28 +243,33 @@ fn a_client_that_times_out_gets_the_one_answer_on_retry(adapter: &Adapter) {
             _ => std::thread::sleep(Duration::from_millis(100)),
         }
     };
+    let name = adapter.name;
     assert_eq!(
         (handler.runs(), handler.finished()),
         (1, 1),
-        "{}: (runs started, runs finished)",
-        adapter.name
+        "{name} ({how:?}): (runs started, runs finished)"
     );
     let (reply, at) =
-        answer.unwrap_or_else(|| panic!("{}: the retries got no answer within 8 s", adapter.name));
+        answer.unwrap_or_else(|| panic!("{name} ({how:?}): the retries got no answer within 8 s"));
     assert_eq!(
         (reply.status, reply.replayed()),
         (201, true),
-        "{}: {reply:?}",
-        adapter.name
+        "{name}: {reply:?}"
     );
     assert_eq!(reply.body, "charged, run 1");
-    let finished = handler.finished_at().expect("finished");
+    let late = at.saturating_duration_since(handler.finished_at().expect("finished"));
     assert!(
-        at.saturating_duration_since(finished) < Duration::from_millis(500),
-        "{}: the retry got the answer {:?} after the handler finished",
-        adapter.name,
-        at.saturating_duration_since(finished)
+        late < Duration::from_millis(500),
+        "{name} ({how:?}): the retry got the answer {late:?} after the handler finished"
     );
+}
+
+fn a_client_that_times_out_gets_the_one_answer_on_retry(adapter: &Adapter) {
+    retry_after_hang_up(adapter, HangUp::Close);
+}
+
+fn a_client_whose_connection_resets_gets_the_one_answer_on_retry(adapter: &Adapter) {
+    retry_after_hang_up(adapter, HangUp::Reset);
 }
 
 /// A store that cannot be reached: every claim fails.
@@ -324,6 +377,7 @@ for_each_adapter!(
     changed_body_is_422,
     bad_key_is_400,
     a_client_that_times_out_gets_the_one_answer_on_retry,
+    a_client_whose_connection_resets_gets_the_one_answer_on_retry,
     storage_error_is_503,
     oversize_answer_is_substituted_and_never_rerun,
 );

@@ -36,8 +36,7 @@ pub(super) fn headers(from: &actix_header::HeaderMap) -> ::http::HeaderMap {
 /// is carried over.
 pub(super) fn answer(head: &HttpResponse<()>, body: Vec<u8>) -> ::http::Response<Vec<u8>> {
     let mut answer = ::http::Response::new(body);
-    *answer.status_mut() =
-        ::http::StatusCode::from_u16(head.status().as_u16()).unwrap_or_default();
+    *answer.status_mut() = ::http::StatusCode::from_u16(head.status().as_u16()).unwrap_or_default();
     *answer.headers_mut() = headers(head.headers());
     if head.extensions().contains::<Release>() {
         answer.extensions_mut().insert(Release);

@@ -199,7 +199,11 @@ where
     actix_web::dev::forward_ready!(service);
 
     fn call(&self, request: ServiceRequest) -> Self::Future {
-        Box::pin(serve(Rc::clone(&self.service), self.runner.clone(), request))
+        Box::pin(serve(
+            Rc::clone(&self.service),
+            self.runner.clone(),
+            request,
+        ))
     }
 }
 
