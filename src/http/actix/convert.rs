@@ -32,24 +32,41 @@ pub(super) fn headers(from: &actix_header::HeaderMap) -> ::http::HeaderMap {
     headers
 }
 
-/// The handler's response, with its whole body, in `http` 1; a [`Release`] in its extensions
-/// is carried over.
-pub(super) fn answer(head: &HttpResponse<()>, body: Vec<u8>) -> ::http::Response<Vec<u8>> {
+/// The `http` 1 extensions of a response made by [`super::respond`], kept in actix's
+/// response for the settling call.
+pub(super) struct Carried(pub(super) ::http::Extensions);
+
+/// The handler's response, with its whole body, in `http` 1: with the extensions it carries
+/// (see [`super::respond`]), and a [`Release`] inserted into actix's own extensions.
+pub(super) fn answer(head: &mut HttpResponse<()>, body: Vec<u8>) -> ::http::Response<Vec<u8>> {
     let mut answer = ::http::Response::new(body);
     *answer.status_mut() = ::http::StatusCode::from_u16(head.status().as_u16()).unwrap_or_default();
     *answer.headers_mut() = headers(head.headers());
-    if head.extensions().contains::<Release>() {
+    let mut extensions = head.extensions_mut();
+    if let Some(Carried(carried)) = extensions.remove::<Carried>() {
+        *answer.extensions_mut() = carried;
+    }
+    if extensions.contains::<Release>() {
         answer.extensions_mut().insert(Release);
     }
     answer
 }
 
-/// An answer of the flow as actix's response.
+/// An answer of the flow as actix's response (its `http` extensions dropped).
 pub(super) fn response(answer: ::http::Response<Vec<u8>>) -> HttpResponse<BoxBody> {
-    let (parts, body) = answer.into_parts();
+    response_with(answer.map(BoxBody::new))
+}
+
+/// An `http` 1 response as actix's, and its `http` extensions.
+pub(super) fn response_with(answer: ::http::Response<BoxBody>) -> HttpResponse<BoxBody> {
+    let (mut parts, body) = answer.into_parts();
+    let carried = std::mem::take(&mut parts.extensions);
     let status = actix_web::http::StatusCode::from_u16(parts.status.as_u16())
         .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::with_body(status, BoxBody::new(body));
+    let mut response = HttpResponse::with_body(status, body);
+    if !carried.is_empty() {
+        response.extensions_mut().insert(Carried(carried));
+    }
     let headers = response.headers_mut();
     for (name, value) in &parts.headers {
         let name = actix_header::HeaderName::from_bytes(name.as_str().as_bytes());

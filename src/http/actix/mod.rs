@@ -49,10 +49,12 @@
 //!
 //! The handler finds its [`LeaseWatch`] in the request's extensions
 //! (`web::ReqData<LeaseWatch>`), and marks an answer that should release the key by
-//! inserting [`Release`] into the `HttpResponse`'s extensions. The options' closures see the
-//! request's method, target, headers and body; [`RequestView::extensions`] is empty (actix
-//! has extensions of its own type), so a scope function reads the principal from a header.
-//! A [`complete_with`](HandleOptions::complete_with) hook gets empty extensions too.
+//! inserting [`Release`] into the `HttpResponse`'s extensions. actix has extensions of its
+//! own type: a handler that leaves values for a [`complete_with`](HandleOptions::complete_with)
+//! hook builds an `http` 1 response and answers [`respond`]`(response)`, which keeps its
+//! `http` extensions for the hook. The options' closures see the request's method, target,
+//! headers and body; [`RequestView::extensions`] is empty, so a scope function reads the
+//! principal from a header.
 //!
 //! # When the client goes away
 //!
@@ -300,10 +302,10 @@ where
         }
         Err(err) => (None, err.error_response()),
     };
-    let (head, body) = response.into_parts();
+    let (mut head, body) = response.into_parts();
     let settled = match actix_web::body::to_bytes(body).await {
         Ok(body) => {
-            let response = convert::answer(&head, body.to_vec());
+            let response = convert::answer(&mut head, body.to_vec());
             runner
                 .blocking(move |store, options| {
                     flow::settle(store, options, &ticket, &lease, response, started)
@@ -326,6 +328,15 @@ where
         Some(request) => Ok(ServiceResponse::new(request, convert::response(settled))),
         None => Err(Answered(settled).into()),
     }
+}
+
+/// An `http` 1 response as actix's, with its `http` extensions kept for the middleware: a
+/// [`Release`] among them releases the key, and a
+/// [`complete_with`](HandleOptions::complete_with) hook finds the rest, as it does behind the
+/// tower layer. A handler behind [`Idempotency`] answers with it where it needs either.
+#[must_use]
+pub fn respond<B: MessageBody + 'static>(response: ::http::Response<B>) -> HttpResponse {
+    convert::response_with(response.map(BoxBody::new))
 }
 
 /// `answer` to `request`, as actix's response.
