@@ -76,7 +76,7 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
         args.serve.open_store()?,
         args.serve.service(1),
     )?);
-    let listener = std::net::TcpListener::bind(&listen)
+    let listener = std::net::TcpListener::bind(listen)
         .map_err(|err| format!("cannot listen on {listen}: {err}"))?;
     let prometheus = server::install_prometheus()?;
     // One middleware for every worker: they share its bound on blocking claims, and a
@@ -135,7 +135,7 @@ impl Dropper {
             return false;
         }
         let seen = self.seen.fetch_add(1, Ordering::Relaxed);
-        (seen + 1) % self.every == 0
+        (seen + 1).is_multiple_of(self.every)
     }
 }
 
