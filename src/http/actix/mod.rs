@@ -45,7 +45,7 @@
 //! claims go through [`max_blocking`](Idempotency::max_blocking) slots, and a request that
 //! finds none within [`queue_timeout`](Idempotency::queue_timeout) gets 503; storage errors
 //! are 503; an answer larger than the store keeps is replaced by a stored 500
-//! ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that every retry replays.
+//! ([`problem_type::NOT_STORED`]) that every retry replays.
 //!
 //! The handler finds its [`LeaseWatch`] in the request's extensions
 //! (`web::ReqData<LeaseWatch>`), and marks an answer that should release the key by
