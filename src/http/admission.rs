@@ -12,10 +12,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::api::key::Key;
 
-/// The default [`IdempotencyLayer::max_blocking`](super::tower::IdempotencyLayer::max_blocking).
+/// The default `max_blocking` of the tower layer and of the actix middleware.
 pub const DEFAULT_MAX_BLOCKING: usize = 64;
 
-/// The default [`IdempotencyLayer::queue_timeout`](super::tower::IdempotencyLayer::queue_timeout).
+/// The default `queue_timeout` of the tower layer and of the actix middleware.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Shared by every clone of one layer's services.

@@ -36,7 +36,7 @@
 //!
 //! # What it does
 //!
-//! As the [tower layer](super::tower) does (its module docs say more): the body of a covered
+//! As the tower layer does (`http::tower`, whose docs say more): the body of a covered
 //! request is read into memory, at most [`max_body`](HandleOptions::max_body) bytes (413
 //! beyond, 400 if it cannot be read), and handed on as one chunk; a replay the store keeps in
 //! memory is answered on the worker; every other store call (claim, heartbeat, complete,
@@ -133,8 +133,8 @@ impl Idempotency {
 
     /// At most `claims` of this middleware's claims on tokio's blocking pool at once (default
     /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
-    /// thread. As for the tower layer's
-    /// [`max_blocking`](super::tower::IdempotencyLayer::max_blocking).
+    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
+    /// what the rest of the application runs there, as for the tower layer.
     #[must_use]
     pub fn max_blocking(mut self, claims: usize) -> Self {
         let timeout = self.runner.admission.queue_timeout;
