@@ -1,13 +1,16 @@
-//! HTTP benchmark of the tower layer on 127.0.0.1: replays/s and fresh-key POSTs/s through
-//! `IdempotencyLayer` against the same axum app without it, at 1 and 64 concurrent clients
-//! (keep-alive connections), plus the store's own durable claim+complete pairs/s at 64
-//! threads from the same run; medians of `--runs` (default 3).
+//! HTTP benchmark of the tower layer and the actix middleware on 127.0.0.1: replays/s and
+//! fresh-key POSTs/s through `IdempotencyLayer` against the same axum app without it, and
+//! through `http::actix::Idempotency` against the same actix-web app without it, at 1 and 64
+//! concurrent clients (keep-alive connections), plus the store's own durable claim+complete
+//! pairs/s at 64 threads from the same run; medians of `--runs` (default 3), the four servers
+//! measured in turn within each run.
 //!
 //! ```text
 //! cargo run --release --example http_bench -- [--seconds S] [--runs N] [--dir PATH]
 //! ```
 //!
-//! Server (tokio, 2 worker threads) and clients share the machine. The store is a file
+//! Servers (tokio with 2 worker threads; actix-web with 2 workers) and clients share the
+//! machine. The store is a file
 //! `Store` with default settings (durable: every acknowledged claim and completion is synced).
 //! A replay is a POST whose key completed earlier; a fresh-key POST claims, runs the handler
 //! and completes. The bare app runs its handler for every request.
@@ -18,13 +21,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use actix_web::{App, HttpResponse, HttpServer, web};
 use idempotency_store::http::HandleOptions;
+use idempotency_store::http::actix::Idempotency;
 use idempotency_store::http::tower::IdempotencyLayer;
 use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const BODY: &str = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
+const ANSWER: &str = r#"{"id":"pay_1","amount":4999,"currency":"usd","customerId":"cus_123"}"#;
 
 fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
@@ -49,25 +55,47 @@ fn main() -> Result<(), BoxError> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let bare = serve(&runtime, app(None))?;
-    let layered = serve(&runtime, app(Some(Arc::clone(&store))))?;
+    // (framework, the bare app, the app behind the framework's idempotency middleware)
+    let servers = [
+        (
+            "tower",
+            serve(&runtime, app(None))?,
+            serve(&runtime, app(Some(Arc::clone(&store))))?,
+        ),
+        (
+            "actix",
+            serve_actix(None)?,
+            serve_actix(Some(Arc::clone(&store)))?,
+        ),
+    ];
 
     let mut rows = Vec::new();
     for clients in [1, 64] {
         for (workload, fresh) in [("replay", false), ("fresh", true)] {
-            let mut bare_rates = Vec::new();
-            let mut layer_rates = Vec::new();
+            let mut rates = vec![(Vec::new(), Vec::new()); servers.len()];
             for run in 0..runs {
-                let tag = format!("{workload}-{clients}-{run}");
-                bare_rates.push(drive(bare, clients, window, fresh, &format!("b{tag}"))?);
-                layer_rates.push(drive(layered, clients, window, fresh, &format!("l{tag}"))?);
+                for ((name, bare, covered), (bare_rates, covered_rates)) in
+                    servers.iter().zip(&mut rates)
+                {
+                    let tag = format!("{name}-{workload}-{clients}-{run}");
+                    bare_rates.push(drive(*bare, clients, window, fresh, &format!("b{tag}"))?);
+                    covered_rates.push(drive(
+                        *covered,
+                        clients,
+                        window,
+                        fresh,
+                        &format!("l{tag}"),
+                    )?);
+                }
             }
-            let (b, l) = (median(bare_rates), median(layer_rates));
-            println!(
-                "{workload:<7} {clients:>2} clients: bare {b:>9.0}/s  layer {l:>9.0}/s  ratio {:.2}",
-                l / b
-            );
-            rows.push((workload, clients, b, l));
+            for ((name, _, _), (bare_rates, covered_rates)) in servers.iter().zip(rates) {
+                let (b, l) = (median(bare_rates), median(covered_rates));
+                println!(
+                    "{name:<5} {workload:<7} {clients:>2} clients: bare {b:>9.0}/s  idempotent {l:>9.0}/s  ratio {:.2}",
+                    l / b
+                );
+                rows.push((*name, workload, clients, l));
+            }
         }
     }
     let pairs = median(
@@ -76,10 +104,10 @@ fn main() -> Result<(), BoxError> {
             .collect(),
     );
     println!("store pairs 64 threads: {pairs:.0}/s");
-    for (workload, clients, _, l) in &rows {
+    for (name, workload, clients, l) in &rows {
         if *workload == "fresh" && *clients == 64 {
             println!(
-                "fresh 64 through the layer / store pairs 64: {:.2}",
+                "{name} fresh 64 idempotent / store pairs 64: {:.2}",
                 l / pairs
             );
         }
@@ -96,7 +124,7 @@ fn app(store: Option<Arc<Store>>) -> axum::Router {
             (
                 axum::http::StatusCode::CREATED,
                 [("content-type", "application/json")],
-                r#"{"id":"pay_1","amount":4999,"currency":"usd","customerId":"cus_123"}"#,
+                ANSWER,
             )
         }),
     );
@@ -113,6 +141,46 @@ fn serve(runtime: &tokio::runtime::Runtime, app: axum::Router) -> Result<SocketA
     runtime.spawn(async move {
         if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
             let _ = axum::serve(listener, app).await;
+        }
+    });
+    Ok(addr)
+}
+
+/// The same app on actix-web (2 workers), with or without the middleware, served from a
+/// thread of its own until the process ends.
+fn serve_actix(store: Option<Arc<Store>>) -> Result<SocketAddr, BoxError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let idempotency = store.map(|store| Idempotency::shared(store, HandleOptions::new()));
+    let route = |config: &mut web::ServiceConfig| {
+        config.route(
+            "/payments",
+            web::post().to(|_body: web::Bytes| async {
+                HttpResponse::Created()
+                    .content_type("application/json")
+                    .body(ANSWER)
+            }),
+        );
+    };
+    let server = move || -> std::io::Result<()> {
+        actix_web::rt::System::new().block_on(async move {
+            match idempotency {
+                Some(idempotency) => {
+                    let app = move || App::new().wrap(idempotency.clone()).configure(route);
+                    let server = HttpServer::new(app).workers(2).disable_signals();
+                    server.listen(listener)?.run().await
+                }
+                None => {
+                    let app = move || App::new().configure(route);
+                    let server = HttpServer::new(app).workers(2).disable_signals();
+                    server.listen(listener)?.run().await
+                }
+            }
+        })
+    };
+    std::thread::spawn(move || {
+        if let Err(err) = server() {
+            eprintln!("http_bench: the actix server stopped: {err}");
         }
     });
     Ok(addr)

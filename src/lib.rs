@@ -44,6 +44,7 @@
 //! - `payments`: the same story over real HTTP, with duplicates racing and a restart.
 //! - `payments_server`: that payments server on its own, on a file, for `curl`.
 //! - `axum_payments`: the same server on axum with the tower layer, and `GET /metrics`.
+//! - `actix_payments`: the same server on actix-web with the actix middleware.
 //! - `http_one_line`: the tower layer and the synchronous `http::handle`, each in one call.
 //! - `edge_client`: an offline-first device that sends each payment exactly once through the
 //!   client outbox ([`client::Outbox`](client/struct.Outbox.html), feature `client`).
@@ -63,6 +64,7 @@
 //! | [`StoreBuilder::trace_keys`] | show keys in `tracing` events | `tracing` (the events) |
 //! | [`http`](http/index.html): `http::handle`, `http::decide`, `http::Problem` | the HTTP mapping, the whole flow in one call | `http` |
 //! | [`http::tower::IdempotencyLayer`](http/tower/struct.IdempotencyLayer.html) | the same flow as a tower layer (axum, hyper) | `tower` |
+//! | [`http::actix::Idempotency`](http/actix/struct.Idempotency.html) | the same flow as an actix-web 4 middleware | `actix` |
 //! | [`PgStore`](struct.PgStore.html), [`PgStoreBuilder`](struct.PgStoreBuilder.html), [`FailoverSafety`](struct.FailoverSafety.html) | the same store on PostgreSQL, for many instances; whether a failover can lose its acknowledgements | `postgres` |
 //! | the binary `idempotency-store` | look inside a store, release a stuck key | `cli` |
 //!
@@ -104,6 +106,10 @@
 //!   layer for axum or any hyper service, with every store call that can block on tokio's
 //!   blocking pool
 //!   (adds `tokio`, `tower`, `http-body`, `http-body-util` and `bytes`).
+//! - `actix` (implies `http`): `http::actix::Idempotency`, the same flow as an actix-web 4
+//!   middleware; the handler and the settling call run on a task of their own, so a client
+//!   that hangs up cancels nothing (adds `actix-web` without its default features, and
+//!   `tokio`).
 //! - `cli`: the operator binary `idempotency-store` (it brings `postgres` along, since it also
 //!   works on PostgreSQL tables).
 //! - `postgres`: `PgStore`, the same API ([`IdempotencyStore`]) on a PostgreSQL table shared by

@@ -1,6 +1,6 @@
 //! The example programs as a newcomer meets them: `--help` prints the usage and exits 0, a bad
-//! option's error names the option, both payments servers answer 405 with the `Allow`
-//! header (RFC 9110 §15.5.6), and both serve `GET /metrics` in the Prometheus text format
+//! option's error names the option, the payments servers answer 405 with the `Allow`
+//! header (RFC 9110 §15.5.6), and all serve `GET /metrics` in the Prometheus text format
 //! after a replay, a conflict and a mismatch (each server a child process, since a process
 //! has one global metrics recorder).
 //!
@@ -10,7 +10,7 @@
 //! than its example's main source file, is skipped with a printed reason.
 
 // Each server compiles the shared payments_service files as its own modules, as it does as a
-// program of its own; here both are in one crate.
+// program of its own; here all three are in one crate.
 #![allow(clippy::duplicate_mod)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,6 +29,10 @@ mod payments_server;
 mod axum_payments;
 
 #[allow(dead_code)]
+#[path = "../examples/actix_payments.rs"]
+mod actix_payments;
+
+#[allow(dead_code)]
 #[path = "../examples/payments_service/client.rs"]
 mod client;
 
@@ -42,10 +46,11 @@ fn clap_error(result: Result<(), Box<dyn std::error::Error + Send + Sync>>) -> c
 
 type Runner = fn(std::vec::IntoIter<String>) -> Result<(), payments_server::server::BoxError>;
 
-/// Both servers' `run`: (name, run, whether it takes `--threads`).
-const SERVERS: [(&str, Runner, bool); 2] = [
+/// The servers' `run`: (name, run, whether it takes `--threads`).
+const SERVERS: [(&str, Runner, bool); 3] = [
     ("payments_server", |a| payments_server::run(a), true),
     ("axum_payments", |a| axum_payments::run(a), false),
+    ("actix_payments", |a| actix_payments::run(a), false),
 ];
 
 fn args(list: &[&str]) -> std::vec::IntoIter<String> {
@@ -150,7 +155,7 @@ fn request(method: &str, path: &str) -> String {
 }
 
 #[test]
-fn both_servers_answer_405_with_allow() {
+fn every_server_answers_405_with_allow() {
     let dir = tempfile::tempdir().expect("tempdir");
     let open = |name: &str| {
         let store = payments_server::server::store_builder()
@@ -194,6 +199,47 @@ fn both_servers_answer_405_with_allow() {
         assert!(head[0].contains(" 405 "), "axum {method} {path}: {head:?}");
         assert_eq!(allow(&head), [allowed], "axum {method} {path}: {head:?}");
     }
+
+    let actix_payments = Arc::new(
+        actix_payments::server::Payments::open(
+            actix_payments::server::store_builder()
+                .open(dir.path().join("actix.redb"))
+                .expect("store"),
+            actix_payments::server::Options {
+                wait: Duration::ZERO,
+                charge_delay: Duration::ZERO,
+                threads: 1,
+            },
+        )
+        .expect("payments"),
+    );
+    let idempotency = idempotency_store::http::actix::Idempotency::shared(
+        actix_payments.store(),
+        actix_payments.idempotency(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Serves until this test process ends.
+    std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let routes = move || {
+                let routes =
+                    actix_payments::routes(Arc::clone(&actix_payments), idempotency.clone());
+                actix_web::App::new().configure(routes)
+            };
+            let server = actix_web::HttpServer::new(routes)
+                .workers(1)
+                .disable_signals()
+                .listen(listener)
+                .expect("listen");
+            server.run().await
+        })
+    });
+    for (method, path, allowed) in NOT_ALLOWED {
+        let head = head(addr, &request(method, path));
+        assert!(head[0].contains(" 405 "), "actix {method} {path}: {head:?}");
+        assert_eq!(allow(&head), [allowed], "actix {method} {path}: {head:?}");
+    }
 }
 
 /// A built example binary, if `cargo test` built it from the current source.
@@ -216,7 +262,13 @@ fn example(name: &str) -> Option<PathBuf> {
 
 #[test]
 fn every_example_that_takes_options_answers_help_with_exit_0() {
-    for name in ["payments_server", "axum_payments", "loadtest", "http_bench"] {
+    for name in [
+        "payments_server",
+        "axum_payments",
+        "actix_payments",
+        "loadtest",
+        "http_bench",
+    ] {
         let Some(path) = example(name) else { continue };
         for flag in ["--help", "-h"] {
             let output = Command::new(&path).arg(flag).output().expect("run");
@@ -339,7 +391,7 @@ fn sample(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
 }
 
 #[test]
-fn both_servers_serve_metrics_after_a_replay_a_conflict_and_a_mismatch() {
+fn every_server_serves_metrics_after_a_replay_a_conflict_and_a_mismatch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let body = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
     let other = r#"{"amount": 1, "currency": "usd", "customerId": "cus_123"}"#;

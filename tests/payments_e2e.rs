@@ -1,5 +1,7 @@
-//! End to end over real HTTP and real crashes: `examples/payments_server.rs` runs as a child
-//! process (this test binary in child mode, with the example compiled in), clients send
+//! End to end over real HTTP and real crashes, once per payments server
+//! (`examples/payments_server.rs` on the sync `handle`, `examples/axum_payments.rs` on the
+//! tower layer, `examples/actix_payments.rs` on the actix middleware): the server runs as a
+//! child process (this test binary in child mode, with the examples compiled in), clients send
 //! duplicates, retries, a reused key, bad bodies and keyless requests, and the parent kills the
 //! server with SIGKILL while requests are in flight, restarts it on the same file, and retries
 //! every request with its key.
@@ -8,6 +10,10 @@
 //! (through `GET /ledger`, and read straight from the file afterwards) holds exactly one charge
 //! per such key and nothing else. `PAYMENTS_E2E_KILLS=20 cargo test --test payments_e2e --
 //! --nocapture` runs more kills.
+
+// Each server compiles the shared payments_service files as its own modules, as it does as a
+// program of its own; here all three are in one crate.
+#![allow(clippy::duplicate_mod)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -25,6 +31,14 @@ use idempotency_store::redb::{self, ReadableTable};
 mod payments_server;
 
 #[allow(dead_code)]
+#[path = "../examples/axum_payments.rs"]
+mod axum_payments;
+
+#[allow(dead_code)]
+#[path = "../examples/actix_payments.rs"]
+mod actix_payments;
+
+#[allow(dead_code)]
 #[path = "../examples/payments_service/client.rs"]
 mod client;
 
@@ -32,21 +46,35 @@ use client::{Client, Reply};
 use payments_server::server::LEDGER;
 
 const CHILD_DB: &str = "PAYMENTS_E2E_CHILD_DB";
+const CHILD_SERVER: &str = "PAYMENTS_E2E_CHILD_SERVER";
+
+type Runner = fn(std::vec::IntoIter<String>) -> Result<(), payments_server::server::BoxError>;
+
+/// The servers: (name, run, whether it takes `--threads`).
+const SERVERS: [(&str, Runner, bool); 3] = [
+    ("payments_server", |a| payments_server::run(a), true),
+    ("axum_payments", |a| axum_payments::run(a), false),
+    ("actix_payments", |a| actix_payments::run(a), false),
+];
 /// Short leases, so that a key whose holder was killed is taken over within a second.
 const LEASE_MS: &str = "1000";
 const LOAD_THREADS: usize = 8;
 
 // ---------------------------------------------------------------- the child process
 
-/// Not a test on its own: the parent runs this binary with `CHILD_DB` set, and this function
-/// then runs `payments_server` until it is killed. Without the variable it returns at once.
+/// Not a test on its own: the parent runs this binary with `CHILD_SERVER` (a name in
+/// `SERVERS`) and `CHILD_DB` set, and this function then runs that server until it is
+/// killed. Without them it returns at once.
 #[test]
 fn payments_server_child() {
-    let Some(db) = std::env::var_os(CHILD_DB) else {
+    let (Ok(name), Ok(db)) = (std::env::var(CHILD_SERVER), std::env::var(CHILD_DB)) else {
         return;
     };
-    let db = db.into_string().expect("a UTF-8 temp path");
-    let args = [
+    let (_, run, threads) = SERVERS
+        .into_iter()
+        .find(|(server, _, _)| *server == name)
+        .expect("a server of SERVERS");
+    let mut args = vec![
         "--db",
         &db,
         "--listen",
@@ -57,20 +85,26 @@ fn payments_server_child() {
         LEASE_MS,
         "--delay-ms",
         "20",
-        "--threads",
-        "8",
     ];
-    payments_server::run(args.into_iter().map(String::from)).expect("payments_server");
+    if threads {
+        args.extend(["--threads", "8"]);
+    }
+    run(args
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+        .into_iter())
+    .expect(&name);
 }
 
-/// A `payments_server` child, killed with SIGKILL when dropped.
+/// A payments server child, killed with SIGKILL when dropped.
 struct Server {
     child: Child,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(db: &Path) -> Server {
+    fn start(name: &str, db: &Path) -> Server {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
@@ -78,6 +112,7 @@ impl Server {
                 "--nocapture",
                 "--test-threads=1",
             ])
+            .env(CHILD_SERVER, name)
             .env(CHILD_DB, db)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -198,7 +233,21 @@ fn problem_type_of(reply: &Reply) -> String {
 // ---------------------------------------------------------------- the test
 
 #[test]
-fn every_key_charges_once_across_sigkills_and_restarts() {
+fn payments_server_charges_every_key_once_across_sigkills_and_restarts() {
+    every_key_charges_once_across_sigkills_and_restarts("payments_server");
+}
+
+#[test]
+fn axum_payments_charges_every_key_once_across_sigkills_and_restarts() {
+    every_key_charges_once_across_sigkills_and_restarts("axum_payments");
+}
+
+#[test]
+fn actix_payments_charges_every_key_once_across_sigkills_and_restarts() {
+    every_key_charges_once_across_sigkills_and_restarts("actix_payments");
+}
+
+fn every_key_charges_once_across_sigkills_and_restarts(name: &str) {
     if std::env::var_os(CHILD_DB).is_some() {
         return;
     }
@@ -210,7 +259,7 @@ fn every_key_charges_once_across_sigkills_and_restarts() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("payments.redb");
     let seen = Seen::default();
-    let mut server = Server::start(&db);
+    let mut server = Server::start(name, &db);
 
     rejections_store_nothing(&server.client(), &seen);
     reused_key_is_422(&server.client(), &seen);
@@ -241,7 +290,7 @@ fn every_key_charges_once_across_sigkills_and_restarts() {
                 in_flight += usize::from(loader.join().expect("loader"));
             }
         });
-        server = Server::start(&db);
+        server = Server::start(name, &db);
     }
 
     // Retry every request with its key until it has its answer.
@@ -320,7 +369,7 @@ fn every_key_charges_once_across_sigkills_and_restarts() {
     assert_eq!(unique, keys.keys().cloned().collect::<BTreeSet<_>>());
 
     println!(
-        "payments e2e: {kills} SIGKILLs with {in_flight} requests in flight; {} keys charged once \
+        "payments e2e ({name}): {kills} SIGKILLs with {in_flight} requests in flight; {} keys charged once \
          each ({} ledger rows in the file); answers: {} x 201 charged, {} x 201 replayed, \
          {} x 409, {} x 422, {} x 400, {} without an answer; after the kills {lost_then_replayed} \
          lost answers replayed and {charged_on_retry} keys charged on retry; {:.1} s",

@@ -3,8 +3,9 @@
 //! fragment is an `id` on it, so a client that follows a problem's `type` lands on its
 //! explanation.
 //!
-//! The docs are built with the features `http` and `tower` only: the `http` module has no item
-//! gated on another feature, so its page is the one docs.rs builds with every feature, and the
+//! The docs are built with the features `http` and `tower` only: the `http` module's page with
+//! every feature (as docs.rs builds it) differs only by its list of modules (`actix`), not by
+//! the headings the problem types point at, and the
 //! first run does not have to check the PostgreSQL and CLI dependencies. They are built in a
 //! target directory of their own (`target/problem-types-doc`), because the `cargo test`
 //! running this holds the lock of its own; after the first run, rustdoc only redoes this crate.

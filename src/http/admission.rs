@@ -14,10 +14,10 @@ use tokio::task::AbortHandle;
 use crate::api::key::Key;
 use crate::api::outcome::Lease;
 
-/// The default [`IdempotencyLayer::max_blocking`](super::tower::IdempotencyLayer::max_blocking).
+/// The default `max_blocking` of the tower layer and of the actix middleware.
 pub const DEFAULT_MAX_BLOCKING: usize = 64;
 
-/// The default [`IdempotencyLayer::queue_timeout`](super::tower::IdempotencyLayer::queue_timeout).
+/// The default `queue_timeout` of the tower layer and of the actix middleware.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Shared by every clone of one layer's services.
@@ -40,6 +40,7 @@ pub(crate) struct Holder {
     settled: watch::Sender<()>,
     started: Instant,
     /// A twin of the holder's lease, for a drain that must release it.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) lease: Lease,
     /// The task that runs the holder's handler, for a drain that must stop it.
     pub(crate) task: Option<AbortHandle>,
@@ -113,12 +114,14 @@ impl Admission {
     }
 
     /// Refuses new claims from now on; the number of holders in flight.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) fn begin_drain(&self) -> usize {
         self.draining.store(true, Ordering::SeqCst);
         self.held.lock().len()
     }
 
     /// Ends when no holder is left.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) async fn idle(&self) {
         loop {
             // Made before the check, so that a holder letting go in between still wakes it.
@@ -131,6 +134,7 @@ impl Admission {
     }
 
     /// Takes every holder left, so that a drain can stop and settle them.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) fn take_holders(&self) -> Vec<Holder> {
         let taken: Vec<Holder> = self.held.lock().drain().map(|(_, h)| h).collect();
         self.let_go.notify_waiters();

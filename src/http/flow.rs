@@ -157,7 +157,7 @@ fn with_previous(
 
 /// The replay answer, if the store can give it from memory without blocking
 /// ([`IdempotencyStore::cached_replay`]).
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "tower", feature = "actix")), allow(dead_code))]
 pub(crate) fn cached_replay<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
@@ -220,6 +220,7 @@ pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
 /// Settles the key of an attempt that was stopped before it finished (a drain at
 /// shutdown): released, so that the retry runs afresh, or under
 /// [`Takeover::AnswerUnknown`] completed with the "outcome unknown" answer. Blocks.
+#[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
 pub(crate) fn abandon<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,

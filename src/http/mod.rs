@@ -150,7 +150,10 @@
 //! [`Error::Storage`]: crate::error::Error::Storage
 //! [`Response`]: crate::api::response::Response
 
-#[cfg(feature = "tower")]
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub mod actix;
+#[cfg(any(feature = "tower", feature = "actix"))]
 mod admission;
 mod canonical_json;
 #[cfg(feature = "tower")]
@@ -165,7 +168,7 @@ mod prefer;
 mod problem;
 mod response;
 mod retry_after;
-#[cfg(feature = "tower")]
+#[cfg(any(feature = "tower", feature = "actix"))]
 mod runner;
 #[cfg(test)]
 mod testing;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::http::StatusCode;
+#[cfg(feature = "tower")]
 use http_body_util::LengthLimitError;
 use tokio::sync::oneshot;
 
@@ -202,6 +203,7 @@ pub(crate) fn shutting_down() -> Problem {
 }
 
 /// 413 for a body over the limit, 400 for one that could not be read.
+#[cfg(feature = "tower")]
 pub(crate) fn unreadable(
     options: &HandleOptions,
     err: &(dyn std::error::Error + 'static),

@@ -1,0 +1,414 @@
+//! The actix-web 4 form (feature `actix`): the [`Idempotency`] middleware runs the flow of
+//! [`handle`](super::handle) and of the tower layer around an actix-web app, with the same
+//! [`HandleOptions`] and the same answers.
+//!
+//! ```
+//! use actix_web::{App, HttpResponse, web};
+//! use idempotency_store::http::{actix::Idempotency, HandleOptions};
+//! use idempotency_store::Store;
+//!
+//! # fn app(store: Store) {
+//! let idempotency = Idempotency::new(store, HandleOptions::new());
+//! let app = App::new()
+//!     .wrap(idempotency)
+//!     .route("/payments", web::post().to(|| async { HttpResponse::Created().body("charged") }));
+//! # drop(app);
+//! # }
+//! ```
+//!
+//! With several workers (`HttpServer::new` calls its factory once per worker), build the
+//! middleware once outside the factory and move a clone in: clones share the bound on
+//! blocking claims and the table of keys held, so a duplicate that waits is woken by the
+//! holder's answer whichever worker runs it (with a middleware per worker, it finds a key
+//! held on another worker as if another process held it, and claims again with a backoff).
+//!
+//! ```no_run
+//! # use actix_web::{App, HttpServer, web};
+//! # use idempotency_store::http::{actix::Idempotency, HandleOptions};
+//! # async fn serve(store: idempotency_store::Store) -> std::io::Result<()> {
+//! let idempotency = Idempotency::new(store, HandleOptions::new());
+//! HttpServer::new(move || App::new().wrap(idempotency.clone()))
+//!     .bind("127.0.0.1:8080")?
+//!     .run()
+//!     .await
+//! # }
+//! ```
+//!
+//! # What it does
+//!
+//! As the tower layer does (`http::tower`, whose docs say more): the body of a covered
+//! request is read into memory, at most [`max_body`](HandleOptions::max_body) bytes (413
+//! beyond, 400 if it cannot be read), and handed on as one chunk; a replay the store keeps in
+//! memory is answered on the worker; every other store call (claim, heartbeat, complete,
+//! release) runs on tokio's blocking pool, never on an actix worker thread; a duplicate waits
+//! for the attempt in flight on the runtime's timer, at most [`wait`](HandleOptions::wait);
+//! claims go through [`max_blocking`](Idempotency::max_blocking) slots, and a request that
+//! finds none within [`queue_timeout`](Idempotency::queue_timeout) gets 503; storage errors
+//! are 503; an answer larger than the store keeps is replaced by a stored 500
+//! ([`problem_type::NOT_STORED`]) that every retry replays.
+//!
+//! The handler finds its [`LeaseWatch`] in the request's extensions
+//! (`web::ReqData<LeaseWatch>`), and marks an answer that should release the key by
+//! inserting [`Release`] into the `HttpResponse`'s extensions. actix has extensions of its
+//! own type: a handler that leaves values for a [`complete_with`](HandleOptions::complete_with)
+//! hook builds an `http` 1 response and answers [`respond`]`(response)`, which keeps its
+//! `http` extensions for the hook. The options' closures see the request's method, target,
+//! headers and body; [`RequestView::extensions`] is empty, so a scope function reads the
+//! principal from a header.
+//!
+//! # When the client goes away
+//!
+//! Once the request's body is read, its claim, the handler and the settling call (complete,
+//! substitute or release) run on a task of their own on the worker
+//! ([`actix_web::rt::spawn`]); the response future only waits for that task. A client that
+//! hangs up or times out cancels nothing: the handler runs to its end, its answer is stored,
+//! and the client's retry gets the replay (or waits for it, or 409 while it runs). The task
+//! ends with the worker: a server that stops before the handler returns leaves the key in
+//! progress until its lease lapses, as a crash does.
+//!
+//! An error the inner service returns instead of a response is answered as actix renders it
+//! (`ResponseError::error_response`), and that answer is settled like any other.
+
+mod convert;
+
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::http::StatusCode;
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, Transform};
+use actix_web::{HttpMessage, HttpResponse, ResponseError, web};
+use tokio::sync::oneshot;
+
+use super::admission::{Admission, Holding};
+pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
+use super::flow::{self, Screen, Ticket};
+use super::heartbeat::LeaseWatch;
+use super::options::HandleOptions;
+#[cfg(doc)]
+use super::options::Release;
+use super::prefer;
+use super::runner::{Claimed, Runner};
+use super::view::RequestView;
+use super::{Problem, problem_type};
+use crate::api::backend::IdempotencyStore;
+use crate::api::outcome::Lease;
+
+/// The actix-web middleware (a [`Transform`]) that makes the services it wraps idempotent;
+/// see the module docs. Cheap to clone; clones share their admission.
+#[derive(Clone)]
+pub struct Idempotency {
+    runner: Runner,
+}
+
+impl std::fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("options", &self.runner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Idempotency {
+    /// The middleware over `store` (a `Store`, a `PgStore`, or an `Arc` of either) with
+    /// `options`.
+    #[must_use]
+    pub fn new(store: impl IdempotencyStore + 'static, options: HandleOptions) -> Self {
+        Idempotency::shared(Arc::new(store), options)
+    }
+
+    /// The middleware over a store shared with the rest of the application.
+    #[must_use]
+    pub fn shared(store: Arc<dyn IdempotencyStore>, options: HandleOptions) -> Self {
+        Idempotency {
+            runner: Runner {
+                store,
+                options: Arc::new(options),
+                admission: Arc::new(Admission::new(DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT)),
+            },
+        }
+    }
+
+    /// At most `claims` of this middleware's claims on tokio's blocking pool at once (default
+    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
+    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
+    /// what the rest of the application runs there, as for the tower layer.
+    #[must_use]
+    pub fn max_blocking(mut self, claims: usize) -> Self {
+        let timeout = self.runner.admission.queue_timeout;
+        self.runner.admission = Arc::new(Admission::new(claims, timeout));
+        self
+    }
+
+    /// How long a request waits for a slot ([`max_blocking`](Idempotency::max_blocking))
+    /// before it is answered 503 with `Retry-After: 1` (default [`DEFAULT_QUEUE_TIMEOUT`]),
+    /// or 409 for a duplicate that was already waiting for the attempt in flight. The
+    /// handler does not run and the key is not touched.
+    #[must_use]
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
+        let claims = self.runner.admission.max_blocking;
+        self.runner.admission = Arc::new(Admission::new(claims, timeout));
+        self
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for Idempotency
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<BoxBody>;
+    type Error = actix_web::Error;
+    type Transform = IdempotencyMiddleware<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, Self::InitError>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(IdempotencyMiddleware {
+            service: Rc::new(service),
+            runner: self.runner.clone(),
+        }))
+    }
+}
+
+/// The service [`Idempotency`] wraps around an inner service.
+pub struct IdempotencyMiddleware<S> {
+    service: Rc<S>,
+    runner: Runner,
+}
+
+impl<S> std::fmt::Debug for IdempotencyMiddleware<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyMiddleware")
+            .field("options", &self.runner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+type Served = Result<ServiceResponse<BoxBody>, actix_web::Error>;
+
+impl<S, B> Service<ServiceRequest> for IdempotencyMiddleware<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<BoxBody>;
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Served>>>;
+
+    actix_web::dev::forward_ready!(service);
+
+    fn call(&self, request: ServiceRequest) -> Self::Future {
+        Box::pin(serve(
+            Rc::clone(&self.service),
+            self.runner.clone(),
+            request,
+        ))
+    }
+}
+
+/// What every answer to a covered request carries (`flow::finish`): the key echoed, and
+/// the `Preference-Applied` of its wait.
+struct Finish {
+    headers: ::http::HeaderMap,
+    applied: Option<::http::HeaderValue>,
+}
+
+impl Finish {
+    fn apply(&self, options: &HandleOptions, answer: Answer) -> Answer {
+        flow::finish(options, &self.headers, self.applied.clone(), answer)
+    }
+}
+
+type Answer = ::http::Response<Vec<u8>>;
+
+/// One request: screened, its body read and its ticket made here; a cached replay answered
+/// here; everything from the claim on on a task of its own.
+async fn serve<S, B>(service: Rc<S>, runner: Runner, mut request: ServiceRequest) -> Served
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
+    let options = Arc::clone(&runner.options);
+    let options = &*options;
+    let method = convert::method(request.method());
+    let headers = convert::headers(request.headers());
+    if let Screen::Pass = flow::screen(options, &method, &headers) {
+        return service
+            .call(request)
+            .await
+            .map(ServiceResponse::map_into_boxed_body);
+    }
+    let wait = prefer::wait(options, &headers);
+    let finish = Finish {
+        headers: headers.clone(),
+        applied: wait.applied,
+    };
+    let payload = request.extract::<web::Payload>().await?;
+    let body = match payload.to_bytes_limited(options.max_body).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return Ok(answer(request, &finish, options, unreadable(options))),
+        Err(_) => {
+            let too_large = flow::too_large(options, options.max_body);
+            return Ok(answer(request, &finish, options, too_large));
+        }
+    };
+    let mut view = ::http::Request::new(body);
+    *view.method_mut() = method;
+    *view.uri_mut() = convert::uri(request.uri());
+    *view.headers_mut() = headers;
+    let ticket = match flow::ticket(options, &RequestView::of(&view)) {
+        Ok(ticket) => ticket,
+        Err(refused) => return Ok(answer(request, &finish, options, *refused)),
+    };
+    if let Some(replay) = flow::cached_replay(&*runner.store, options, &ticket) {
+        return Ok(answer(request, &finish, options, replay));
+    }
+    request.set_payload(Payload::from(view.into_body()));
+    let (lease, ticket, period) = match runner.claim(ticket, wait.bound).await {
+        Claimed::Run(ticket, lease, period) => (lease, ticket, period),
+        Claimed::Answer(claimed) => return Ok(answer(request, &finish, options, claimed)),
+    };
+    // Until the holder lets go (after the settling call, or when a drain stops it),
+    // duplicates wait for it on the timer.
+    let holding = runner.admission.hold(&lease);
+    let (key, token) = (lease.key().clone(), lease.token());
+    let admission = Arc::clone(&runner.admission);
+    let (done, answered) = oneshot::channel();
+    // A local task of the worker: it outlives this future when the client hangs up.
+    let task = actix_web::rt::spawn(async move {
+        let held = Held {
+            lease,
+            period,
+            _holding: holding,
+        };
+        let _ = done.send(run(&*service, &runner, request, ticket, held, &finish).await);
+    });
+    admission.running(&key, token, task.abort_handle());
+    match answered.await {
+        Ok(served) => served,
+        // The handler panicked, or a drain stopped it and settled the key.
+        Err(_) => Err(Answered(options.answer(&Problem::internal())).into()),
+    }
+}
+
+/// The lease a request holds, its heartbeat period, and its hold in the admission.
+struct Held {
+    lease: Lease,
+    period: Option<Duration>,
+    _holding: Holding,
+}
+
+/// The handler under the lease, heartbeating, then its answer stored (or the key released).
+async fn run<S, B>(
+    service: &S,
+    runner: &Runner,
+    request: ServiceRequest,
+    ticket: Ticket,
+    held: Held,
+    finish: &Finish,
+) -> Served
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody + 'static,
+{
+    let Held {
+        lease,
+        period,
+        _holding,
+    } = held;
+    let watch = LeaseWatch::new(&lease);
+    request.extensions_mut().insert(watch.clone());
+    // Dropped after the handler and the settling call: the heartbeat task then stops.
+    let _beating = period.map(|period| runner.beat(lease.twin(), period, watch));
+    let started = Instant::now();
+    let (request, response) = match service.call(request).await {
+        Ok(served) => {
+            let (request, response) = served.into_parts();
+            (Some(request), response.map_into_boxed_body())
+        }
+        Err(err) => (None, err.error_response()),
+    };
+    let (mut head, body) = response.into_parts();
+    let settled = match actix_web::body::to_bytes(body).await {
+        Ok(body) => {
+            let response = convert::answer(&mut head, body.to_vec());
+            runner
+                .blocking(move |store, options| {
+                    flow::settle(store, options, &ticket, &lease, response, started)
+                })
+                .await
+        }
+        // The handler ran: its answer is lost, so a substitute keeps it from running again.
+        Err(err) => {
+            runner.options.report(&*err);
+            runner
+                .blocking(move |store, options| {
+                    let why = "its response body failed while it was read";
+                    flow::substitute(store, options, &lease, why, &::http::Extensions::new())
+                })
+                .await
+        }
+    };
+    let options = &*runner.options;
+    let settled = settled.unwrap_or_else(|| options.answer(&Problem::internal()));
+    let settled = finish.apply(options, settled);
+    match request {
+        Some(request) => Ok(ServiceResponse::new(request, convert::response(settled))),
+        None => Err(Answered(settled).into()),
+    }
+}
+
+/// An `http` 1 response as actix's, with its `http` extensions kept for the middleware: a
+/// [`Release`] among them releases the key, and a
+/// [`complete_with`](HandleOptions::complete_with) hook finds the rest, as it does behind the
+/// tower layer. A handler behind [`Idempotency`] answers with it where it needs either.
+#[must_use]
+pub fn respond<B: MessageBody + 'static>(response: ::http::Response<B>) -> HttpResponse {
+    convert::response_with(response.map(BoxBody::new))
+}
+
+/// `answer` to `request`, finished, as actix's response.
+fn answer(
+    request: ServiceRequest,
+    finish: &Finish,
+    options: &HandleOptions,
+    answer: Answer,
+) -> ServiceResponse {
+    request.into_response(convert::response(finish.apply(options, answer)))
+}
+
+/// 400 for a body that could not be read to the end.
+fn unreadable(options: &HandleOptions) -> Answer {
+    options.answer(&Problem::new(
+        StatusCode::BAD_REQUEST,
+        problem_type::INVALID_BODY,
+        "Request body unreadable",
+        "The request body could not be read to the end; send it again.",
+    ))
+}
+
+/// The flow's answer as an actix error, where no request is left to answer with (the inner
+/// service returned an error, or the handler panicked): actix renders it as this answer.
+#[derive(Debug)]
+struct Answered(::http::Response<Vec<u8>>);
+
+impl std::fmt::Display for Answered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the idempotency middleware answered {}", self.0.status())
+    }
+}
+
+impl ResponseError for Answered {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::from_u16(self.0.status().as_u16())
+            .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse<BoxBody> {
+        convert::response(self.0.clone())
+    }
+}
