@@ -33,7 +33,7 @@
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
 //! - The response body is read whole before it is stored. A body that fails to stream, like
 //!   one larger than the store's `max_response_bytes`, is replaced by a stored 500
-//!   ([`problem_type::NOT_STORED`]) that every retry
+//!   ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that every retry
 //!   replays: the inner service ran, so it must not run again for the key. A warning goes
 //!   to `tracing` (feature `tracing`) and the error to [`on_error`](HandleOptions::on_error).
 //!
@@ -100,6 +100,8 @@ use ::http::{Request, Response};
 use bytes::Bytes;
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 
 use super::Problem;
 use super::admission::{Admission, Holding};
@@ -303,27 +305,14 @@ where
     if let Some(answer) = flow::cached_replay(&*runner.store, options, &ticket) {
         return Ok(answer);
     }
-    let (ticket, lease, period) = match runner.claim(ticket, wait).await {
-        Claimed::Run(ticket, lease, period) => (ticket, lease, period),
-        Claimed::Answer(answer) => return Ok(answer),
-    };
-    // Until the holder lets go (after the settling call, or when a drain stops it),
-    // duplicates wait for it on the timer.
-    let holding = runner.admission.hold(&lease);
-    let (key, token) = (lease.key().clone(), lease.token());
-    let admission = Arc::clone(&runner.admission);
-    // The run and the settle go on whatever becomes of this future: a client that hangs
-    // up cancels nothing, and its retry gets the stored answer.
-    let run = tokio::spawn(hold(
-        runner.clone(),
-        inner,
-        request,
-        ticket,
-        lease,
-        period,
-        holding,
+    // The claim, the run and the settle go on whatever becomes of this future: a client that
+    // hangs up cancels nothing (not even a claim that was about to acquire the key), and its
+    // retry gets the stored answer.
+    let (task, this_task) = oneshot::channel();
+    let run = tokio::spawn(claim_and_hold(
+        runner, inner, request, ticket, wait, this_task,
     ));
-    admission.running(&key, token, run.abort_handle());
+    let _ = task.send(run.abort_handle());
     match run.await {
         Ok(answer) => answer,
         // The inner service panicked, or a drain stopped it and settled the key.
@@ -334,6 +323,35 @@ where
             Ok(options.answer(&Problem::internal()))
         }
     }
+}
+
+/// Claims; with the key, runs the inner service on this task (`this_task`, for a drain that
+/// must stop it).
+async fn claim_and_hold<S, ReqBody, ResBody>(
+    runner: Runner,
+    inner: S,
+    request: Request<Bytes>,
+    ticket: Ticket,
+    wait: Duration,
+    this_task: oneshot::Receiver<AbortHandle>,
+) -> Result<Answer, S::Error>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let (ticket, lease, period) = match runner.claim(ticket, wait).await {
+        Claimed::Run(ticket, lease, period) => (ticket, lease, period),
+        Claimed::Answer(answer) => return Ok(answer),
+    };
+    // Until the holder lets go (after the settling call, or when a drain stops it),
+    // duplicates wait for it on the timer.
+    let holding = runner.admission.hold(&lease);
+    if let Ok(task) = this_task.await {
+        runner.admission.running(lease.key(), lease.token(), task);
+    }
+    hold(runner, inner, request, ticket, lease, period, holding).await
 }
 
 /// Runs the inner service with the lease, heartbeating, and stores or releases its
