@@ -8,17 +8,17 @@ use std::time::Duration;
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::conn::Manager;
+use super::migrations::{check, migrate};
 #[cfg(doc)]
 use super::replication::FailoverSafety;
-use super::migrations::{check, migrate};
 use super::rows::{capped, pg};
 use super::sql::Sql;
 use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, sync_wait, tls};
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Counters;
 use crate::api::series;
-use crate::api::trace;
 use crate::api::settings::{Settings, WhenFull, invalid_config};
+use crate::api::trace;
 use crate::error::{Error, Result};
 
 /// The longest pause between the pool's attempts to reconnect to a server that is down.

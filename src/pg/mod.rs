@@ -21,8 +21,8 @@ use crate::api::settings::Settings;
 use crate::error::{Error, Result};
 pub use admin::PgRecords;
 pub use builder::PgStoreBuilder;
-pub use replication::FailoverSafety;
 use conn::{Manager, Statements};
+pub use replication::FailoverSafety;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
 

@@ -114,7 +114,9 @@ pub(super) fn read(client: &mut Client) -> Result<FailoverSafety> {
     if on(0) || on(1) || on(2) {
         return Err(read_only(on(0)));
     }
-    let visible = standbys.iter().all(|row| !row.get(1).unwrap_or("").is_empty());
+    let visible = standbys
+        .iter()
+        .all(|row| !row.get(1).unwrap_or("").is_empty());
     Ok(FailoverSafety {
         synchronous_standby_names: text(settings, 3),
         synchronous_commit: in_force(settings.get(4).unwrap_or_default()).to_owned(),
@@ -181,7 +183,11 @@ mod tests {
         assert!(safe.to_string().contains("15/standby"), "{safe}");
         let waiting = report("ANY 1 (a, b)", Some(&[]));
         assert!(waiting.is_failover_safe());
-        assert!(waiting.to_string().contains("no synchronous standby is connected"));
+        assert!(
+            waiting
+                .to_string()
+                .contains("no synchronous standby is connected")
+        );
     }
 
     #[test]
@@ -189,7 +195,10 @@ mod tests {
         for names in ["", "  "] {
             let unsafe_ = report(names, Some(&[]));
             assert!(!unsafe_.is_failover_safe());
-            assert!(unsafe_.to_string().starts_with("not failover-safe"), "{unsafe_}");
+            assert!(
+                unsafe_.to_string().starts_with("not failover-safe"),
+                "{unsafe_}"
+            );
         }
     }
 

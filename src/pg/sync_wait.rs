@@ -33,7 +33,9 @@ pub(super) fn on_notice(notice: DbError) {
 /// own; the message is English unless the server's `lc_messages` says otherwise.
 fn is_cancelled_wait(notice: &DbError) -> bool {
     notice.parsed_severity() == Some(Severity::Warning)
-        && notice.message().contains("wait for synchronous replication")
+        && notice
+            .message()
+            .contains("wait for synchronous replication")
 }
 
 /// Runs one call, and turns its success into an outcome-unknown error if a commit of it
