@@ -227,7 +227,7 @@ fn worker(store: &PgStore, thread: usize, stop: &AtomicBool, ledger: &Mutex<Ledg
             l.claimed.push(name.clone());
             l.writes.push(Instant::now());
         }
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             continue; // held, never completed
         }
         match store.complete(&lease, Response::new(201, name.clone())) {

@@ -76,6 +76,7 @@ pub(crate) fn answer_not_stored(why: &dyn std::fmt::Display) {
 }
 
 /// A `PgStore` connected to a server whose acknowledged commits a failover can lose.
+#[cfg(feature = "postgres")]
 pub(crate) fn not_failover_safe(report: &dyn std::fmt::Display) {
     #[cfg(feature = "tracing")]
     tracing::warn!(backend = "postgres", "{report}");
