@@ -13,7 +13,8 @@
 //!   `target_session_attrs=read-write`), and a commit whose wait for a standby is cancelled
 //!   (`pg_cancel_backend`; the standby names then match no standby) is outcome unknown.
 //! - Asynchronous replication, the standby's WAL receiver stopped for the last second before
-//!   the crash: the connect-time report (and, with feature `tracing`, its warning) says "not
+//!   the crash and killed after it (what it had not written is lost, as when the primary's
+//!   machine fails): the connect-time report (and, with feature `tracing`, its warning) says "not
 //!   failover-safe", `require_failover_safe(true)` refuses, and the same check finds
 //!   acknowledged writes lost (a negative control of the check).
 //!
@@ -306,8 +307,9 @@ fn failover(clusters: &Clusters, store: PgStore, lag: bool) -> Figures {
     }
     clusters.run(&["crash"]);
     if lag {
-        // It must catch up with what it has before it can be promoted.
-        clusters.run(&["unlag"]);
+        // What the stopped receiver had not written (the socket's buffers hold much of that
+        // second) is lost, as when the primary's machine fails; the standby restarts.
+        clusters.run(&["cut"]);
     }
     clusters.run(&["promote"]);
     let promoted = Instant::now();
