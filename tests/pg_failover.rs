@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_store::{
-    Claim, Error, FailoverSafety, Fingerprint, IdempotencyStore, Key, PgStore, RecordState,
-    Response,
+    Claim, ClaimId, Error, FailoverSafety, Fingerprint, IdempotencyStore, Key, PgStore,
+    RecordState, Response,
 };
 
 const THREADS: usize = 32;
@@ -437,10 +437,22 @@ fn cancel_sync_wait(url: &str) {
         if row.get::<_, i64>(0) > 0 {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no commit waited for a synchronous standby: the store's commits do not wait"
-        );
+        if Instant::now() > deadline {
+            let activity: Vec<String> = admin
+                .query(
+                    "SELECT coalesce(state, '') || ' ' || coalesce(wait_event, '') || ' ' || \
+                     left(query, 60) FROM pg_stat_activity WHERE usename = current_user",
+                    &[],
+                )
+                .expect("activity")
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            panic!(
+                "no commit waited for a synchronous standby: the store's commits do not wait \
+                 ({activity:#?})"
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -492,23 +504,33 @@ fn synchronous_replication_loses_nothing_across_a_failover() {
         "{err}"
     );
 
-    // A cancelled wait for the standby: committed here only, so outcome unknown, not success.
+    // A cancelled wait for the standby: committed here only, so outcome unknown, not success;
+    // and so is the retry that gets the lease back by its claim id, until the standby has it.
     clusters.run(&["sync-names", "no_such_standby"]);
-    let claimer = {
-        let store_url = clusters.url();
+    let probe = Arc::new(builder().connect(&clusters.url()).expect("connect"));
+    let id = ClaimId::random();
+    let claim_in_thread = || {
+        let probe = probe.clone();
         std::thread::spawn(move || {
-            let store = builder().connect(&store_url).expect("connect");
             let key = Key::new("cancelled-wait").unwrap();
-            store.claim(&key, fingerprint("cancelled-wait"))
+            probe.claim_with_id(&key, fingerprint("cancelled-wait"), id)
         })
     };
-    cancel_sync_wait(&primary);
-    let answer = claimer.join().expect("claimer");
-    clusters.run(&["sync-names", "*"]);
-    match answer {
-        Err(err) => assert!(err.outcome_unknown(), "{err}"),
-        Ok(claim) => panic!("a claim whose commit only this server holds answered {claim:?}"),
+    for attempt in ["the claim", "its retry"] {
+        let claimer = claim_in_thread();
+        cancel_sync_wait(&primary);
+        match claimer.join().expect("claimer") {
+            Err(err) => assert!(err.outcome_unknown(), "{attempt}: {err}"),
+            Ok(claim) => panic!("{attempt}, committed on this server only, answered {claim:?}"),
+        }
     }
+    clusters.run(&["sync-names", "*"]);
+    let again = claim_in_thread().join().expect("claimer");
+    assert!(
+        matches!(again, Ok(Claim::Acquired(_))),
+        "the lease back once replicated: {again:?}"
+    );
+    drop(probe);
 
     let figures = failover(&clusters, store, false);
     eprintln!("sync failover: {figures:?}");
