@@ -54,7 +54,9 @@ pub enum Error {
         max: u64,
     },
 
-    /// A builder setting is out of range. Fix the configuration.
+    /// A builder setting is out of range, or (PostgreSQL) the server is not one the store can
+    /// run on as configured: read-only, or not failover-safe with
+    /// `PgStoreBuilder::require_failover_safe`. Fix the configuration, as `reason` says.
     #[error("invalid configuration: {reason}")]
     InvalidConfig {
         /// Which setting and why.

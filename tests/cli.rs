@@ -1012,6 +1012,8 @@ mod postgres_backend {
         assert_eq!(line("total"), "total 4");
         // A table, not a file: the names say so.
         assert!(line("table size:").ends_with(" bytes)"));
+        // And whether a failover can lose what it acknowledged (issue 40).
+        assert!(line("replication:").contains("failover-safe"));
         assert!(!human.stdout.contains("file"), "{}", human.stdout);
         let stats = json(&db.run(0, &["stats", "{}", "--json"]));
         assert_eq!(
@@ -1020,6 +1022,13 @@ mod postgres_backend {
         );
         assert!(stats["table_bytes"].as_u64().is_some_and(|b| b > 0));
         assert!(stats.get("file_bytes").is_none(), "{stats}");
+        assert!(stats["failover_safe"].is_boolean(), "{stats}");
+        assert!(
+            stats["replication"]
+                .as_str()
+                .is_some_and(|r| r.contains("failover-safe")),
+            "{stats}"
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! operations, with the fenced writes and the settlement check of `complete` and `release`.
 
 use ::postgres::types::ToSql;
-use ::postgres::{IsolationLevel, Row};
+use ::postgres::{GenericClient, IsolationLevel, Row};
 
+use super::lock::DURABLE;
 use super::metrics::Unmetered;
 use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
 use super::sql::{Sql, VERIFY_BATCH};
@@ -79,11 +80,31 @@ impl PgStore {
                     (None, None) => true,
                     _ => false,
                 };
-                if own { Ok(()) } else { Err(Error::LeaseLost) }
+                if !own {
+                    return Err(Error::LeaseLost);
+                }
+                self.with_conn(|client, _| replicated(client))
             }
             other => other,
         }
     }
+}
+
+/// Returns once everything this server has committed is as durable as the store's own
+/// commits: a commit of its own waits, with synchronous standbys, for one to hold the WAL past
+/// every earlier commit. It needs a record in the WAL before its commit record (PostgreSQL does
+/// not wait for a transaction that wrote only that), hence an empty transactional logical
+/// message, which any role may write at `wal_level` `replica`. An answer read back after an
+/// outcome-unknown error (a settlement found, a lease got back by its claim id) may come from
+/// a commit whose wait for a standby was cancelled: it is given only once that commit is
+/// replicated. Simple-query protocol: no prepared statement.
+pub(super) fn replicated(client: &mut impl GenericClient) -> Result<()> {
+    client
+        .simple_query(&format!(
+            "SELECT {DURABLE}, pg_logical_emit_message(true, 'idempotency-store', '')"
+        ))
+        .map_err(|e| pg("waiting for a synchronous standby", e))?;
+    Ok(())
 }
 
 impl Unmetered for PgStore {

@@ -6,6 +6,7 @@ use std::time::Instant;
 use ::postgres::GenericClient;
 use ::postgres::types::ToSql;
 
+use super::calls::replicated;
 use super::rows::{attempt_col, col, millis_col, pg, record_from, token_col};
 use super::sql::Sql;
 use super::{PgStore, quota};
@@ -125,6 +126,10 @@ impl PgStore {
             if let Verdict::Answer(answer) =
                 verdict(key, Some(record), args.fingerprint, args.id, db_now)
             {
+                if matches!(answer, Claim::Acquired(_)) {
+                    // Its own lease, got back by the claim id after an unknown outcome.
+                    replicated(client)?;
+                }
                 return Ok(answer);
             }
             // Expired or lapsed: take it over if it still is, re-checked on the latest row.

@@ -11,7 +11,7 @@
 use ::postgres::types::ToSql;
 use ::postgres::{Client, GenericClient, Transaction};
 
-use super::lock::{NOW, try_key_lock};
+use super::lock::{WRITE_NOW, try_key_lock};
 use super::rows::{col, pg};
 use super::typed::Query;
 use crate::api::settings::WhenFull;
@@ -145,7 +145,7 @@ impl Sql {
             )),
             // As the store's sweep: deletions take the key's lock, skipping keys being claimed.
             sweep: Query::new(format!(
-                "{NOW}, doomed AS MATERIALIZED (\
+                "{WRITE_NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      AND ($2::text IS NULL OR x.scope = $2::text) \
                      ORDER BY x.expires_at LIMIT $3::bigint FOR UPDATE OF x SKIP LOCKED), \
@@ -158,7 +158,7 @@ impl Sql {
             // holds its key's lock for a moment). `victim` reads `victims` in its order, and
             // with no sort of its own stops at the first lock it gets, so it takes only that one.
             evict: Query::new(format!(
-                "{NOW}, victims AS MATERIALIZED (\
+                "{WRITE_NOW}, victims AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x, c \
                      WHERE x.state = 'completed' \
                      AND x.expires_at > c.now AND ($2::text IS NULL OR x.scope = $2::text) \

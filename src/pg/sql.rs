@@ -1,7 +1,7 @@
 //! The text of every statement, for one schema: the fence that statements share, and [`Sql`],
 //! built once per store.
 
-use super::lock::{NOW, after_lock, key_lock, try_key_lock};
+use super::lock::{NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
 use super::quota;
 use super::rows::RECORD_COLUMNS;
 use super::typed::Query;
@@ -93,7 +93,7 @@ impl Sql {
                  RETURNING r.token, r.attempt, r.lease_until, r.checkpoint"
             )),
             complete: Query::new(format!(
-                "{NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
+                "{WRITE_NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
                  checkpoint = NULL, response_status = $5::integer, response_headers = $6::bytea, \
                  response_body = $7::bytea, completed_at = c.now, \
                  expires_at = c.now + $8::bigint \
@@ -108,12 +108,12 @@ impl Sql {
                 after_lock(&key_lock("$2", "$3"))
             )),
             heartbeat: Query::new(format!(
-                "{NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
+                "{WRITE_NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
                  expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
                  FROM c WHERE {FENCE} RETURNING r.lease_until"
             )),
             checkpoint: Query::new(format!(
-                "{NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
+                "{WRITE_NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
                  FROM c WHERE {FENCE} RETURNING r.token"
             )),
             // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
@@ -122,7 +122,7 @@ impl Sql {
             // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
             // takes at most `$2` locks). Answers (deleted, candidates).
             sweep: Query::new(format!(
-                "{NOW}, doomed AS MATERIALIZED (\
+                "{WRITE_NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
                          x.key COLLATE \"C\" \
