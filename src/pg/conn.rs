@@ -2,8 +2,8 @@
 //! that a transaction-pooling proxy may stand between the pool and the server.
 
 use ::postgres::Client;
-use tokio_postgres_rustls::MakeRustlsConnect;
 use r2d2_postgres::PostgresConnectionManager;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// A pooled connection.
 pub(super) struct Conn {
