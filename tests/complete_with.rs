@@ -212,8 +212,11 @@ mod postgres_backend {
         }
 
         fn admin(&self, sql: &str) {
-            let mut client =
-                postgres::Client::connect(&self.url, postgres::NoTls).expect("admin connection");
+            let mut client = postgres::Client::connect(
+                &self.url.replace(" prepare_statements=false", ""),
+                postgres::NoTls,
+            )
+            .expect("admin connection");
             client.batch_execute(sql).expect("admin statement");
         }
 

@@ -1473,7 +1473,9 @@ mod pg {
     use super::{Settings, T0};
 
     /// The server's URL from `IDEMPOTENCY_PG_URL`; `None` (with the reason printed) if unset,
-    /// except under `CI=true`, where a missing server fails the test.
+    /// except under `CI=true`, where a missing server fails the test. Through a transaction
+    /// pooler it ends in ` prepare_statements=false` (`PgStore`'s own option), which the raw
+    /// `postgres` clients of the fixtures take out.
     pub fn url() -> Option<String> {
         match std::env::var("IDEMPOTENCY_PG_URL") {
             Ok(url) if !url.trim().is_empty() => Some(url),
@@ -1579,18 +1581,23 @@ mod pg {
 
         /// A connection of the test's own (for transactions it holds open).
         pub fn client(&self) -> Result<postgres::Client> {
-            postgres::Client::connect(&self.url, postgres::NoTls).map_err(fixture)
+            postgres::Client::connect(
+                &self.url.replace(" prepare_statements=false", ""),
+                postgres::NoTls,
+            )
+            .map_err(fixture)
         }
 
         /// The first column of the first row of `sql` (with `{schema}` replaced).
         pub fn query_i64(&self, sql: &str) -> Result<i64> {
             let sql = sql.replace("{schema}", &format!("\"{}\"", self.schema));
-            let mut client =
-                postgres::Client::connect(&self.url, postgres::NoTls).map_err(|e| {
-                    Error::InvalidConfig {
-                        reason: format!("test fixture: {e}"),
-                    }
-                })?;
+            let mut client = postgres::Client::connect(
+                &self.url.replace(" prepare_statements=false", ""),
+                postgres::NoTls,
+            )
+            .map_err(|e| Error::InvalidConfig {
+                reason: format!("test fixture: {e}"),
+            })?;
             // Unnamed (`query_typed`), so that it works through a transaction-pooling proxy.
             client
                 .query_typed_one(sql.as_str(), &[])
@@ -1628,8 +1635,13 @@ mod pg {
             let mut admin = ADMIN.lock().unwrap_or_else(PoisonError::into_inner);
             let client = match &mut *admin {
                 Some(client) if !client.is_closed() => client,
-                slot => slot
-                    .insert(postgres::Client::connect(&self.url, postgres::NoTls).map_err(fail)?),
+                slot => slot.insert(
+                    postgres::Client::connect(
+                        &self.url.replace(" prepare_statements=false", ""),
+                        postgres::NoTls,
+                    )
+                    .map_err(fail)?,
+                ),
             };
             client.batch_execute(sql).map_err(fail)
         }

@@ -223,8 +223,11 @@ mod pg {
         }
 
         fn drop_it(&self) {
-            let mut client = postgres::Client::connect(&self.url, postgres::NoTls)
-                .expect("connect to PostgreSQL");
+            let mut client = postgres::Client::connect(
+                &self.url.replace(" prepare_statements=false", ""),
+                postgres::NoTls,
+            )
+            .expect("connect to PostgreSQL");
             client
                 .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
                 .expect("drop the schema");

@@ -152,7 +152,11 @@ mod pg {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let mut admin = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+        let mut admin = postgres::Client::connect(
+            &url.replace(" prepare_statements=false", ""),
+            postgres::NoTls,
+        )
+        .expect("admin");
         admin
             .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
             .expect("drop schema");

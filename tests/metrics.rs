@@ -393,7 +393,11 @@ fn postgres_counts_each_outcome() {
     };
     let schema = format!("metrics_{}", std::process::id());
     let admin = |sql: &str| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let mut client = postgres::Client::connect(
+            &url.replace(" prepare_statements=false", ""),
+            postgres::NoTls,
+        )
+        .expect("connect");
         client.batch_execute(sql).expect("admin sql");
     };
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
@@ -442,7 +446,11 @@ fn postgres_counts_claim_wait_waits_and_timeouts() {
     };
     let schema = format!("metrics_wait_{}", std::process::id());
     let admin = |sql: &str| {
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let mut client = postgres::Client::connect(
+            &url.replace(" prepare_statements=false", ""),
+            postgres::NoTls,
+        )
+        .expect("connect");
         client.batch_execute(sql).expect("admin sql");
     };
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));

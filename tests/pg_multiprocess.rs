@@ -88,7 +88,11 @@ impl Schema {
     }
 
     fn drop_it(&self) {
-        let dropped = postgres::Client::connect(&self.url, postgres::NoTls).and_then(|mut c| {
+        let dropped = postgres::Client::connect(
+            &self.url.replace(" prepare_statements=false", ""),
+            postgres::NoTls,
+        )
+        .and_then(|mut c| {
             c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
         });
         if let Err(e) = dropped {
@@ -575,7 +579,11 @@ fn payers_mixing_complete_with_and_complete_charge_each_key_once() -> Result<()>
     let Some(url) = url() else { return Ok(()) };
     let _scenario = one_at_a_time();
     let schema = Schema::new(url.clone(), "pay");
-    let mut admin = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+    let mut admin = postgres::Client::connect(
+        &url.replace(" prepare_statements=false", ""),
+        postgres::NoTls,
+    )
+    .expect("admin");
     admin
         .batch_execute(&format!(
             "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".ledger (key text NOT NULL, payer text NOT NULL)",

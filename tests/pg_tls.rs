@@ -124,6 +124,19 @@ fn verify_full_with_the_servers_ca_encrypts() -> idempotency_store::Result<()> {
 }
 
 #[test]
+fn verify_ca_with_the_servers_ca_encrypts() -> idempotency_store::Result<()> {
+    let Some(server) = server() else {
+        return Ok(());
+    };
+    let options = [
+        ("sslmode", "verify-ca"),
+        ("sslrootcert", server.ca.as_str()),
+    ];
+    assert!(round_trip(&server, "verify_ca", &options)?);
+    Ok(())
+}
+
+#[test]
 fn disable_stays_plain_tcp() -> idempotency_store::Result<()> {
     let Some(server) = server() else {
         return Ok(());

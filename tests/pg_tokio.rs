@@ -60,7 +60,11 @@ fn exercise(url: &str, test: &str) -> Result<()> {
 /// The fixture's own sync client runs on a thread of its own, away from the runtime.
 fn drop_schema(url: String, schema: String) {
     std::thread::spawn(move || {
-        let mut admin = postgres::Client::connect(&url, postgres::NoTls).expect("admin");
+        let mut admin = postgres::Client::connect(
+            &url.replace(" prepare_statements=false", ""),
+            postgres::NoTls,
+        )
+        .expect("admin");
         admin
             .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
             .expect("drop schema");

@@ -314,10 +314,13 @@ mod pg {
         }
 
         fn drop_it(&self) {
-            let dropped =
-                postgres::Client::connect(&self.url, postgres::NoTls).and_then(|mut c| {
-                    c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-                });
+            let dropped = postgres::Client::connect(
+                &self.url.replace(" prepare_statements=false", ""),
+                postgres::NoTls,
+            )
+            .and_then(|mut c| {
+                c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+            });
             if let Err(e) = dropped {
                 eprintln!("could not drop schema {}: {e}", self.name);
             }

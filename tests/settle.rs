@@ -215,10 +215,13 @@ fn pg_store_settles_after_unknown_outcomes() -> Result<()> {
     );
     let result = all(&*store, &clock, 1024);
     drop(store);
-    let mut client =
-        postgres::Client::connect(&url, postgres::NoTls).map_err(|e| Error::InvalidConfig {
-            reason: e.to_string(),
-        })?;
+    let mut client = postgres::Client::connect(
+        &url.replace(" prepare_statements=false", ""),
+        postgres::NoTls,
+    )
+    .map_err(|e| Error::InvalidConfig {
+        reason: e.to_string(),
+    })?;
     client
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .map_err(|e| Error::InvalidConfig {

@@ -40,6 +40,7 @@ pub struct PgStoreBuilder {
     pub(super) per_scope_quotas: bool,
     pub(super) migrate: bool,
     pub(super) require_failover_safe: bool,
+    pub(super) prepare_statements: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -56,6 +57,7 @@ impl Default for PgStoreBuilder {
             per_scope_quotas: false,
             migrate: true,
             require_failover_safe: false,
+            prepare_statements: true,
         }
     }
 }
@@ -74,6 +76,7 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("per_scope_quotas", &self.per_scope_quotas)
             .field("migrate", &self.migrate)
             .field("require_failover_safe", &self.require_failover_safe)
+            .field("prepare_statements", &self.prepare_statements)
             .finish()
     }
 }
@@ -109,6 +112,26 @@ impl PgStoreBuilder {
     /// Defaults to 1 MiB.
     pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
         self.shared.max_response_bytes = bytes;
+        self
+    }
+
+    /// Whether each pooled connection prepares the store's statements once (named prepared
+    /// statements that live as long as the connection). Defaults to `true`.
+    ///
+    /// Set it to `false` behind a **transaction-pooling proxy** (PgBouncer with `pool_mode =
+    /// transaction`, before 1.21 or without `max_prepared_statements`; managed poolers that
+    /// pool by transaction): such a proxy hands each transaction to any server connection,
+    /// where a statement prepared on another one does not exist (SQLSTATE 26000). Every
+    /// statement is then sent unnamed, with its parameter types, in one round trip, and
+    /// nothing outlives a transaction on the server. The price is the server's: it parses
+    /// and plans every statement, which measured as about half the claim and completion pairs
+    /// per second at 16 busy connections on a 2-core server (BENCHMARKS.md). Session pooling
+    /// and direct connections work either way; `docs/postgres.md` lists the safe pooler
+    /// settings. The connection string may say it too, and then wins:
+    /// `prepare_statements=false` (a `key=value` pair or a URL query parameter; `PgStore`
+    /// takes it out before the `postgres` crate parses the rest).
+    pub fn prepare_statements(&mut self, prepare: bool) -> &mut Self {
+        self.prepare_statements = prepare;
         self
     }
 
@@ -243,7 +266,10 @@ impl PgStoreBuilder {
             mut config,
             tls,
             mode,
+            prepare_statements,
         } = tls::parse(url)?;
+        let mut settings = self.clone();
+        settings.prepare_statements = prepare_statements.unwrap_or(self.prepare_statements);
         config.connect_timeout(self.connection_timeout);
         config.notice_callback(sync_wait::on_notice);
         let manager = Manager {
@@ -287,7 +313,7 @@ impl PgStoreBuilder {
             sql,
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
-            settings: self.clone(),
+            settings,
             high_water: AtomicU64::new(0),
             limits,
             failover,

@@ -328,7 +328,9 @@ impl PgStore {
             let mut conn = pool
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
-            let result = sync_wait::watched(|| body(&mut conn.client, &self.sql));
+            let result = conn
+                .parts(&self.sql, self.settings.prepare_statements)
+                .and_then(|(client, st)| sync_wait::watched(|| body(client, st)));
             if matches!(result, Err(Error::Storage { .. })) {
                 conn.broken = true;
             }

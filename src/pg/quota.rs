@@ -123,6 +123,7 @@ pub(crate) fn usage_tracked(client: &mut impl GenericClient, s: &str) -> Result<
 
 /// The quota statements, for one schema (`t` the table, `u` the counters); used only by a
 /// store with a quota (the counters table exists only then).
+#[derive(Clone)]
 pub(crate) struct Sql {
     usage: Query,
     exists: Query,
@@ -254,9 +255,9 @@ pub(crate) fn check_usage(
     Ok(())
 }
 
-#[cfg(test)]
 impl Sql {
     /// Every quota statement.
+    #[cfg(test)]
     pub(crate) fn all(&self) -> [&Query; 5] {
         [
             &self.usage,
@@ -264,6 +265,17 @@ impl Sql {
             &self.sweep,
             &self.evict,
             &self.check,
+        ]
+    }
+
+    /// Every quota statement, to prepare.
+    pub(crate) fn all_mut(&mut self) -> [&mut Query; 5] {
+        [
+            &mut self.usage,
+            &mut self.exists,
+            &mut self.sweep,
+            &mut self.evict,
+            &mut self.check,
         ]
     }
 }

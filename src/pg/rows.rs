@@ -16,6 +16,17 @@ use crate::error::{Error, Result};
 /// the statement committed: the sync client reports a connection's `FATAL` even when the
 /// statement's success had already arrived, so the outcome is unknown.
 pub(super) fn pg(context: &'static str, err: ::postgres::Error) -> Error {
+    // What a store that prepares its statements meets behind a transaction pooler, where each
+    // transaction may run on another server connection: say what to change.
+    let context = match err.code() {
+        Some(&::postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME)
+        | Some(&::postgres::error::SqlState::DUPLICATE_PSTATEMENT) => {
+            "running a prepared statement on a server connection that lacks it or has another \
+             of its name; behind a transaction-pooling proxy (PgBouncer pool_mode = \
+             transaction) connect with prepare_statements=false"
+        }
+        _ => context,
+    };
     let rolled_back = err
         .as_db_error()
         .is_some_and(|db| db.parsed_severity() == Some(::postgres::error::Severity::Error));

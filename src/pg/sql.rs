@@ -5,6 +5,7 @@ use super::lock::{NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
 use super::quota;
 use super::rows::RECORD_COLUMNS;
 use super::typed::Query;
+use ::postgres::Client;
 
 /// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4): the key's
 /// advisory lock, then its row lock if there is a row, on a snapshot taken after the advisory
@@ -25,7 +26,9 @@ pub(super) const VERIFY_BATCH: i32 = 1000;
 /// `verify`'s cursor, which lives until its transaction ends.
 const VERIFY_CURSOR: &str = "idempotency_verify";
 
-/// The SQL of every statement, for one schema.
+/// The SQL of every statement, for one schema; each pooled connection has its own copy, with
+/// its statements prepared on it unless `prepare_statements` is off.
+#[derive(Clone)]
 pub(super) struct Sql {
     pub(super) lock: Query,
     pub(super) insert: Query,
@@ -160,9 +163,17 @@ impl Sql {
     }
 }
 
-#[cfg(test)]
 impl Sql {
+    /// Prepares every statement on `client`, the quota's included.
+    pub(super) fn prepare(&mut self, client: &mut Client) -> Result<(), ::postgres::Error> {
+        for query in self.all_mut() {
+            query.prepare(client)?;
+        }
+        Ok(())
+    }
+
     /// Every statement, the quota's included.
+    #[cfg(test)]
     pub(super) fn all(&self) -> Vec<&Query> {
         let mut all = vec![
             &self.lock,
@@ -183,6 +194,30 @@ impl Sql {
         ];
         if let Some(quota) = &self.quota {
             all.extend(quota.all());
+        }
+        all
+    }
+
+    /// Every statement to prepare, the quota's included: not `verify`'s cursor statements, as
+    /// a `FETCH` cannot be described before its cursor exists (and `verify` is rare).
+    fn all_mut(&mut self) -> Vec<&mut Query> {
+        let mut all = vec![
+            &mut self.lock,
+            &mut self.insert,
+            &mut self.select,
+            &mut self.takeover,
+            &mut self.complete,
+            &mut self.lock_lease,
+            &mut self.release,
+            &mut self.heartbeat,
+            &mut self.checkpoint,
+            &mut self.sweep,
+            &mut self.stats,
+            &mut self.sequence,
+            &mut self.now,
+        ];
+        if let Some(quota) = &mut self.quota {
+            all.extend(quota.all_mut());
         }
         all
     }

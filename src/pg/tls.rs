@@ -2,7 +2,9 @@
 //! string as libpq reads them, and the rustls connector they configure.
 //!
 //! `tokio-postgres` knows only `disable`, `prefer` and `require` and rejects `sslrootcert`, so
-//! both options are taken out of the string here and the rest is parsed by `postgres`.
+//! both options are taken out of the string here and the rest is parsed by `postgres`; so is
+//! `PgStore`'s own `prepare_statements` (see `PgStoreBuilder::prepare_statements`), which
+//! belongs with the address, as it depends on whether a pooler answers there.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -71,6 +73,8 @@ pub(crate) struct Connection {
     pub config: Config,
     pub tls: MakeRustlsConnect,
     pub mode: SslMode,
+    /// `prepare_statements=true|false`, if the string says.
+    pub prepare_statements: Option<bool>,
 }
 
 /// Parses `url` (a `postgres://` URL or `key=value` pairs), honouring `sslmode` (default
@@ -83,11 +87,12 @@ pub(crate) fn parse(url: &str) -> Result<Connection> {
     };
     let mut mode = SslMode::Prefer;
     let mut root_cert = None;
+    let mut prepare_statements = None;
     for (key, value) in options {
-        if key == "sslmode" {
-            mode = SslMode::parse(&value)?;
-        } else {
-            root_cert = Some(value);
+        match key.as_str() {
+            "sslmode" => mode = SslMode::parse(&value)?,
+            "prepare_statements" => prepare_statements = Some(parse_bool(&key, &value)?),
+            _ => root_cert = Some(value),
         }
     }
     // As libpq: `require` with a root certificate file checks the chain, like `verify-ca`.
@@ -105,7 +110,12 @@ pub(crate) fn parse(url: &str) -> Result<Connection> {
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireMode::Require,
     });
     let tls = connector(mode, root_cert.map(PathBuf::from))?;
-    Ok(Connection { config, tls, mode })
+    Ok(Connection {
+        config,
+        tls,
+        mode,
+        prepare_statements,
+    })
 }
 
 /// The connector: `prefer` and `require` encrypt without checking the certificate (as libpq
@@ -279,8 +289,19 @@ fn invalid(reason: String) -> Error {
     Error::InvalidConfig { reason }
 }
 
-fn is_tls_option(key: &str) -> bool {
-    key == "sslmode" || key == "sslrootcert"
+/// The options taken out of the string before `postgres` parses the rest.
+fn is_own_option(key: &str) -> bool {
+    key == "sslmode" || key == "sslrootcert" || key == "prepare_statements"
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "on" | "1" => Ok(true),
+        "false" | "off" | "0" => Ok(false),
+        other => Err(invalid(format!(
+            "{key} {other:?} is not one of true, false, on, off, 1, 0"
+        ))),
+    }
 }
 
 /// Takes `sslmode` and `sslrootcert` out of a URL's query string.
@@ -293,7 +314,7 @@ fn split_url(url: &str) -> Result<(String, Vec<(String, String)>)> {
     for part in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = part.split_once('=').unwrap_or((part, ""));
         let key = percent_decode(key)?;
-        if is_tls_option(&key) {
+        if is_own_option(&key) {
             options.push((key, percent_decode(value)?));
         } else {
             kept.push(part);
@@ -350,7 +371,7 @@ fn split_pairs(text: &str) -> Result<(String, Vec<(String, String)>)> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let value = pair_value(&mut chars)?;
-        if is_tls_option(&key) {
+        if is_own_option(&key) {
             options.push((key, value));
         } else {
             let quoted = value.replace('\\', "\\\\").replace('\'', "\\'");
@@ -438,6 +459,16 @@ mod tests {
             parse("host=h sslmode=verify-full sslrootcert=system")?.mode,
             SslMode::VerifyFull
         );
+        assert_eq!(parse("host=h")?.prepare_statements, None);
+        assert_eq!(
+            parse("host=h prepare_statements=false")?.prepare_statements,
+            Some(false)
+        );
+        assert_eq!(
+            parse("postgresql://h/db?prepare_statements=on")?.prepare_statements,
+            Some(true)
+        );
+        assert!(parse("host=h prepare_statements=maybe").is_err());
         Ok(())
     }
 }

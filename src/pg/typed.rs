@@ -1,5 +1,6 @@
-//! [`Query`]: a statement sent unnamed, with its parameter types, so that nothing it leaves on
-//! the server outlives the transaction it runs in.
+//! [`Query`]: a statement, prepared once per pooled connection (the default), or else sent
+//! unnamed with its parameter types, so that nothing it leaves on the server outlives the
+//! transaction it runs in (`PgStoreBuilder::prepare_statements(false)`).
 //!
 //! A transaction-pooling proxy (PgBouncer's `pool_mode = transaction`) hands each transaction,
 //! and each statement outside one, to whichever server connection is free. A named prepared
@@ -8,16 +9,20 @@
 //! goes out as one unnamed Parse, Bind, Describe, Execute and Sync, in one round trip
 //! (`query_typed`), which any pooler mode forwards as a unit. Without a prepare, the
 //! parameter types must be sent along: they are read from the casts in the statement's text
-//! (`$1::bigint`), which every parameter carries.
+//! (`$1::bigint`), which every parameter carries. The price: the server parses and plans the
+//! statement every time, which at 16 busy connections halved the pairs a 2-core server
+//! completes (BENCHMARKS.md, "PgStore through PgBouncer"); so preparing stays the default.
 
 use ::postgres::types::{ToSql, Type};
-use ::postgres::{GenericClient, Row};
+use ::postgres::{Client, GenericClient, Row, Statement};
 
-/// A statement's text and the types of its parameters (`types[0]` is `$1`'s).
-#[derive(Debug)]
+/// A statement's text, the types of its parameters (`types[0]` is `$1`'s), and on a pooled
+/// connection that prepares its statements, the prepared statement.
+#[derive(Debug, Clone)]
 pub(crate) struct Query {
     text: String,
     types: Vec<Type>,
+    prepared: Option<Statement>,
 }
 
 impl Query {
@@ -26,7 +31,18 @@ impl Query {
     /// then fails with the client's type error before anything is sent.
     pub(crate) fn new(text: String) -> Query {
         let types = parameter_types(&text);
-        Query { text, types }
+        Query {
+            text,
+            types,
+            prepared: None,
+        }
+    }
+
+    /// Prepares the statement on `client` (a named statement, which lives as long as the
+    /// connection), so that later calls only bind and execute it.
+    pub(crate) fn prepare(&mut self, client: &mut Client) -> Result<(), ::postgres::Error> {
+        self.prepared = Some(client.prepare_typed(&self.text, &self.types)?);
+        Ok(())
     }
 
     fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
@@ -43,7 +59,10 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, ::postgres::Error> {
-        client.query_typed(&self.text, &self.typed(params))
+        match &self.prepared {
+            Some(statement) => client.query(statement, params),
+            None => client.query_typed(&self.text, &self.typed(params)),
+        }
     }
 
     /// Exactly one row.
@@ -52,7 +71,10 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, ::postgres::Error> {
-        client.query_typed_one(&self.text, &self.typed(params))
+        match &self.prepared {
+            Some(statement) => client.query_one(statement, params),
+            None => client.query_typed_one(&self.text, &self.typed(params)),
+        }
     }
 
     /// At most one row.
@@ -61,7 +83,10 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, ::postgres::Error> {
-        client.query_typed_opt(&self.text, &self.typed(params))
+        match &self.prepared {
+            Some(statement) => client.query_opt(statement, params),
+            None => client.query_typed_opt(&self.text, &self.typed(params)),
+        }
     }
 
     /// The number of rows the statement wrote.
@@ -70,7 +95,10 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, ::postgres::Error> {
-        client.execute_typed(&self.text, &self.typed(params))
+        match &self.prepared {
+            Some(statement) => client.execute(statement, params),
+            None => client.execute_typed(&self.text, &self.typed(params)),
+        }
     }
 }
 
