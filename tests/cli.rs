@@ -1073,14 +1073,15 @@ mod postgres_backend {
                 .map(|r| r["key"].as_str().expect("key").to_owned())
                 .collect()
         };
-        // Key order: unscoped keys first, then scope "tenant-a".
+        // Oldest first (issue 41): created 48 h ago, 2 h ago, then two at the same time,
+        // which keep the table's order (unscoped keys before scope "tenant-a").
         assert_eq!(
             keys(&[]),
-            ["live-order", "old-order", "stuck-order", "order-7"]
+            ["old-order", "stuck-order", "live-order", "order-7"]
         );
         assert_eq!(
             keys(&["--state", "in-progress"]),
-            ["live-order", "stuck-order"]
+            ["stuck-order", "live-order"]
         );
         assert_eq!(keys(&["--stuck"]), ["stuck-order"]);
         assert_eq!(keys(&["--state", "completed"]), ["order-7"]);
