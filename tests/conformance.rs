@@ -1081,6 +1081,54 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     Ok(())
 }
 
+/// Without prepared statements (behind a transaction pooler) the statements of a request's
+/// path run as routines (PL/pgSQL procedures whose plans the server keeps), created once per
+/// schema by a store that migrates; a store that does not migrate calls the routines it finds
+/// and sends the statements themselves for the rest, with the same answers.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_without_prepared_statements_runs_routines() -> Result<()> {
+    let Some(db) = pg::Db::fresh("routines") else {
+        return Ok(());
+    };
+    let routines = "SELECT count(*) FROM pg_proc WHERE pronamespace = '{schema}'::regnamespace \
+                    AND proname LIKE 'idempotency\\_q\\_%'";
+    let first = db.open_unprepared(true)?;
+    assert_eq!(db.query_i64(routines)?, 8);
+    let key = Key::new("k")?;
+    let lease = acquire(&first, &key, fp("a"));
+    first.complete(&lease, Response::new(201, "charged"))?;
+    assert!(
+        matches!(first.claim(&key, fp("a"))?, Claim::Completed(r) if r.response == Response::new(201, "charged"))
+    );
+    assert!(matches!(
+        first.claim(&key, fp("b"))?,
+        Claim::Mismatch { .. }
+    ));
+    // A second store of this build finds them all and creates nothing.
+    drop(db.open_unprepared(true)?);
+    assert_eq!(db.query_i64(routines)?, 8);
+    // The store calls them: a routine that fails fails the store's call.
+    db.execute(
+        "DO $$ DECLARE f regprocedure; BEGIN \
+             SELECT p.oid::regprocedure INTO f FROM pg_proc AS p \
+             WHERE p.pronamespace = '{schema}'::regnamespace \
+             AND p.proname LIKE 'idempotency\\_q\\_insert\\_%'; \
+             EXECUTE format('ALTER ROUTINE %s RENAME TO sabotaged', f); \
+         END $$",
+    )?;
+    let without_insert = db.open_unprepared(false)?;
+    let fresh = Key::new("fresh")?;
+    let lease = acquire(&without_insert, &fresh, fp("a"));
+    without_insert.complete(&lease, Response::new(200, "sent as a statement"))?;
+    assert!(matches!(
+        without_insert.claim(&fresh, fp("a"))?,
+        Claim::Completed(r) if r.response == Response::new(200, "sent as a statement")
+    ));
+    assert!(first.claim(&Key::new("other")?, fp("a")).is_err());
+    Ok(())
+}
+
 /// A schema left at migration 2 by an older build (`idempotency_lock_key` in `LANGUAGE sql`)
 /// is brought to the current version (the same function in PL/pgSQL, then in its cheaper
 /// form), its records intact.
@@ -1544,6 +1592,18 @@ mod pg {
                 builder.max_response_bytes(bytes);
             }
             builder.connect(&self.url)
+        }
+
+        /// A store on this schema without prepared statements, as behind a transaction
+        /// pooler, migrating (and so creating its routines) only if `migrate`.
+        pub fn open_unprepared(&self, migrate: bool) -> Result<PgStore> {
+            PgStore::builder()
+                .schema(self.schema.as_str())
+                .lease(super::LEASE)
+                .pool_size(2)
+                .prepare_statements(false)
+                .migrate(migrate)
+                .connect(&self.url)
         }
 
         /// A store on this schema with default settings and the server's clock.

@@ -84,6 +84,21 @@ pub(crate) fn not_failover_safe(report: &dyn std::fmt::Display) {
     let _ = report;
 }
 
+/// A `PgStore` without prepared statements found no routine for these statements and sends
+/// them as they are: the server then plans them on every call.
+#[cfg(feature = "postgres")]
+pub(crate) fn routines_missing(statements: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        backend = "postgres",
+        statements,
+        "no routine for these statements in the schema, so the server plans them on every \
+         call: connect once with migrations on (PgStoreBuilder::migrate) to create them"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = statements;
+}
+
 /// A claim was refused for quota.
 pub(crate) fn quota_refused(backend: &str) {
     #[cfg(feature = "tracing")]

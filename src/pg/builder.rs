@@ -13,7 +13,7 @@ use super::migrations::{check, migrate};
 use super::replication::FailoverSafety;
 use super::rows::{capped, pg};
 use super::sql::Sql;
-use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, sync_wait, tls};
+use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sync_wait, tls};
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Counters;
 use crate::api::series;
@@ -276,7 +276,7 @@ impl PgStoreBuilder {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
-        let sql = Arc::new(Sql::new(&self.schema, limits.is_some()));
+        let mut sql = Sql::new(&self.schema, limits.is_some());
         let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
@@ -296,6 +296,9 @@ impl PgStoreBuilder {
             } else {
                 check(&mut client, &self.schema, limits.is_some())?;
             }
+            if !settings.prepare_statements {
+                routines::route(&mut client, &self.schema, self.migrate, &mut sql)?;
+            }
         }
         let pool = r2d2::Pool::builder()
             .max_size(self.pool_size)
@@ -310,7 +313,7 @@ impl PgStoreBuilder {
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
             pool: Some(pool),
-            sql,
+            sql: Arc::new(sql),
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings,

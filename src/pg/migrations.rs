@@ -126,16 +126,8 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 6] {
 /// `track_usage` (a store with a quota) also turns quota accounting on.
 pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
     const CONTEXT: &str = "migrating the PostgreSQL schema";
-    let lock = {
-        let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&hash.as_bytes()[..8]);
-        i64::from_le_bytes(first)
-    };
     let mut txn = client.transaction().map_err(|e| pg(CONTEXT, e))?;
-    Query::new("SELECT pg_advisory_xact_lock($1::bigint)".to_owned())
-        .execute(&mut txn, &[&lock])
-        .map_err(|e| pg(CONTEXT, e))?;
+    lock_schema(&mut txn, schema).map_err(|e| pg(CONTEXT, e))?;
     // DDL only when something is missing, so that a role without CREATE rights can open an
     // already migrated schema.
     let exists = |txn: &mut ::postgres::Transaction<'_>, sql: &str| -> Result<bool> {
@@ -201,6 +193,20 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
         quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
+}
+
+/// Takes the schema's migration lock until the end of `txn`: whoever changes the schema's
+/// objects holds it, so that instances starting together change each thing exactly once.
+pub(super) fn lock_schema(
+    txn: &mut ::postgres::Transaction<'_>,
+    schema: &str,
+) -> std::result::Result<(), ::postgres::Error> {
+    let hash = blake3::hash(format!("idempotency-store migrations {schema}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    Query::new("SELECT pg_advisory_xact_lock($1::bigint)".to_owned())
+        .execute(txn, &[&i64::from_le_bytes(first)])
+        .map(drop)
 }
 
 /// Checks, changing nothing, that the schema holds a store at exactly [`SCHEMA_VERSION`]

@@ -38,6 +38,7 @@ mod metrics;
 mod migrations;
 mod quota;
 mod replication;
+mod routines;
 mod rows;
 mod sql;
 mod sync_wait;

@@ -198,6 +198,21 @@ impl Sql {
         all
     }
 
+    /// The statements of a request's path, by a name for each: the ones that a store with
+    /// `prepare_statements` off sends as calls of functions of their own (see `routines`).
+    pub(super) fn routable_mut(&mut self) -> [(&'static str, &mut Query); 8] {
+        [
+            ("insert", &mut self.insert),
+            ("select", &mut self.select),
+            ("takeover", &mut self.takeover),
+            ("complete", &mut self.complete),
+            ("lock_lease", &mut self.lock_lease),
+            ("release", &mut self.release),
+            ("heartbeat", &mut self.heartbeat),
+            ("checkpoint", &mut self.checkpoint),
+        ]
+    }
+
     /// Every statement to prepare, the quota's included: not `verify`'s cursor statements, as
     /// a `FETCH` cannot be described before its cursor exists (and `verify` is rare).
     fn all_mut(&mut self) -> Vec<&mut Query> {

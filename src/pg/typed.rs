@@ -23,6 +23,9 @@ pub(crate) struct Query {
     text: String,
     types: Vec<Type>,
     prepared: Option<Statement>,
+    /// `text` calls the statement's routine, which answers one row, ending in whether the
+    /// statement answered one (see `routines`).
+    routed: bool,
 }
 
 impl Query {
@@ -35,6 +38,7 @@ impl Query {
             text,
             types,
             prepared: None,
+            routed: false,
         }
     }
 
@@ -43,6 +47,23 @@ impl Query {
     pub(crate) fn prepare(&mut self, client: &mut Client) -> Result<(), ::postgres::Error> {
         self.prepared = Some(client.prepare_typed(&self.text, &self.types)?);
         Ok(())
+    }
+
+    /// The statement's text.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The types of its parameters, `$1`'s first.
+    pub(crate) fn types(&self) -> &[Type] {
+        &self.types
+    }
+
+    /// Sends `call` in place of the statement from now on: a call of the statement's routine,
+    /// with the same parameters (see `routines`).
+    pub(crate) fn route(&mut self, call: String) {
+        self.text = call;
+        self.routed = true;
     }
 
     fn typed<'a>(&self, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
@@ -59,13 +80,24 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, ::postgres::Error> {
-        match &self.prepared {
-            Some(statement) => client.query(statement, params),
-            None => client.query_typed(&self.text, &self.typed(params)),
+        let rows = match &self.prepared {
+            Some(statement) => client.query(statement, params)?,
+            None => client.query_typed(&self.text, &self.typed(params))?,
+        };
+        if !self.routed {
+            return Ok(rows);
         }
+        let mut answered = Vec::with_capacity(rows.len());
+        for row in rows {
+            if answered_by(&row)? {
+                answered.push(row);
+            }
+        }
+        Ok(answered)
     }
 
-    /// Exactly one row.
+    /// Exactly one row. (A routine always answers one; the statements routed this way answer
+    /// one too: see `Sql::routable_mut`.)
     pub(crate) fn query_one(
         &self,
         client: &mut impl GenericClient,
@@ -83,9 +115,13 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, ::postgres::Error> {
-        match &self.prepared {
-            Some(statement) => client.query_opt(statement, params),
-            None => client.query_typed_opt(&self.text, &self.typed(params)),
+        let row = match &self.prepared {
+            Some(statement) => client.query_opt(statement, params)?,
+            None => client.query_typed_opt(&self.text, &self.typed(params))?,
+        };
+        match row {
+            Some(row) if self.routed && !answered_by(&row)? => Ok(None),
+            row => Ok(row),
         }
     }
 
@@ -95,11 +131,21 @@ impl Query {
         client: &mut impl GenericClient,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, ::postgres::Error> {
+        if self.routed {
+            // A `CALL` reports no row count: the routine's answer says.
+            return Ok(self.query(client, params)?.len() as u64);
+        }
         match &self.prepared {
             Some(statement) => client.execute(statement, params),
             None => client.execute_typed(&self.text, &self.typed(params)),
         }
     }
+}
+
+/// Whether the statement behind a routine's row answered it (the row's last column).
+fn answered_by(row: &Row) -> Result<bool, ::postgres::Error> {
+    let last = row.len().saturating_sub(1);
+    Ok(row.try_get::<_, Option<bool>>(last)?.unwrap_or(false))
 }
 
 /// The type of each `$n`, from the first `$n::type` cast in `text`.
