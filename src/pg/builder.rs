@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use r2d2_postgres::PostgresConnectionManager;
 
-use super::conn::Manager;
+use super::conn::{Manager, Templates};
 use super::migrations::{check, migrate};
 #[cfg(doc)]
 use super::replication::FailoverSafety;
@@ -276,7 +276,7 @@ impl PgStoreBuilder {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
-        let mut sql = Sql::new(&self.schema, limits.is_some());
+        let mut durable = Sql::new(&self.schema, limits.is_some(), true);
         let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
@@ -297,7 +297,7 @@ impl PgStoreBuilder {
                 check(&mut client, &self.schema, limits.is_some())?;
             }
             if !settings.prepare_statements {
-                routines::route(&mut client, &self.schema, self.migrate, &mut sql)?;
+                routines::route(&mut client, &self.schema, self.migrate, &mut durable)?;
             }
         }
         let pool = r2d2::Pool::builder()
@@ -313,7 +313,10 @@ impl PgStoreBuilder {
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
             pool: Some(pool),
-            sql: Arc::new(sql),
+            sql: Arc::new(Templates {
+                durable,
+                lean: Sql::new(&self.schema, limits.is_some(), false),
+            }),
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings,

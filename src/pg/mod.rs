@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 pub use admin::PgRecords;
 pub use builder::PgStoreBuilder;
 use conn::Manager;
+use conn::Templates;
 pub use replication::FailoverSafety;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
@@ -227,7 +228,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 pub struct PgStore {
     /// `None` only while the store is dropped.
     pool: Option<r2d2::Pool<Manager>>,
-    sql: Arc<Sql>,
+    sql: Arc<Templates>,
     settings: PgStoreBuilder,
     lease_ms: i64,
     retention_ms: i64,
@@ -317,6 +318,16 @@ impl PgStore {
         &self,
         body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
     ) -> Result<T> {
+        self.with_conn_running(false, body)
+    }
+
+    /// [`with_conn`](PgStore::with_conn) for a `body` that runs the caller's code (`foreign`),
+    /// after which the connection no longer trusts its session's settings (see `Conn::parts`).
+    fn with_conn_running<T: Send>(
+        &self,
+        foreign: bool,
+        body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
+    ) -> Result<T> {
         blocking::off_runtime(|| {
             let pool = self.pool.as_ref().ok_or_else(|| {
                 Error::storage(
@@ -330,7 +341,7 @@ impl PgStore {
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
             let result = conn
-                .parts(&self.sql, self.settings.prepare_statements)
+                .parts(&self.sql, self.settings.prepare_statements, foreign)
                 .and_then(|(client, st)| sync_wait::watched(|| body(client, st)));
             if matches!(result, Err(Error::Storage { .. })) {
                 conn.broken = true;

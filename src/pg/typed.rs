@@ -216,7 +216,8 @@ mod tests {
 
     #[test]
     fn every_parameter_of_every_statement_is_typed() {
-        for query in Sql::new("s", true).all() {
+        let (durable, lean) = (Sql::new("s", true, true), Sql::new("s", true, false));
+        for query in durable.all().into_iter().chain(lean.all()) {
             assert!(
                 !query.types.contains(&Type::UNKNOWN),
                 "a parameter without a cast: {}",
