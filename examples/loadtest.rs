@@ -1276,7 +1276,7 @@ const PG_POOL: u32 = 70;
 #[cfg(feature = "postgres")]
 fn open_pg(cell: u64, tls: bool) -> Res<Box<dyn IdempotencyStore>> {
     let url = pg_url_with(if tls { "require" } else { "disable" })?;
-    let store = idempotency_store::PgStore::builder()
+    let store = idempotency_store::pg::PgStore::builder()
         .pool_size(PG_POOL)
         .schema(format!("loadtest_{}_{cell}", std::process::id()))
         .connect(&url)
@@ -2428,7 +2428,7 @@ fn main() -> ExitCode {
     let recorder = if args.recorder {
         // Configured as the example servers' `install_prometheus` does: histograms with the
         // store's bucket bounds.
-        let seconds: Vec<f64> = idempotency_store::LATENCY_BUCKETS_US
+        let seconds: Vec<f64> = idempotency_store::metrics::LATENCY_BUCKETS_US
             .iter()
             .map(|&us| Duration::from_micros(us).as_secs_f64())
             .collect();

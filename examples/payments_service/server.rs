@@ -25,9 +25,10 @@ use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use idempotency_store::IdempotencyStore;
 use idempotency_store::http::{self as idem, HandleOptions, Problem};
 use idempotency_store::redb::{self, ReadableTable};
-use idempotency_store::{Key, LATENCY_BUCKETS_US, Lease, Response, Store};
+use idempotency_store::{Key, Lease, Response, Store, metrics::LATENCY_BUCKETS_US};
 use metrics_exporter_prometheus::Matcher;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Semaphore, watch};
@@ -278,7 +279,7 @@ impl Payments {
             Err(detail) => {
                 let status = StatusCode::BAD_REQUEST;
                 let invalid = problem(status, "invalid-payment", "Invalid payment", &detail);
-                return idem::release(invalid.to_http());
+                return idem::not_final(invalid.to_http());
             }
         };
         let charge = Charge::new(

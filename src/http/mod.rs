@@ -181,7 +181,8 @@ pub use self::handle::handle;
 pub use self::heartbeat::LeaseWatch;
 pub use self::key::{IDEMPOTENCY_KEY, KeyError, key_from_headers, parse_key};
 pub use self::options::{
-    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, Release, Takeover, release,
+    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, NotFinal, Takeover,
+    not_final,
 };
 pub use self::policy::{FingerprintPolicy, STRUCTURED_VERSION};
 pub use self::problem::{Problem, QUOTA_RETRY_AFTER_SECS, problem_type};
