@@ -52,9 +52,11 @@ pub(crate) const SWEEP_BATCH: usize = 64;
 /// implementation, so a `Box<dyn IdempotencyStore>` or `Arc<dyn IdempotencyStore>` chosen at
 /// run time offers every method, [`execute`](IdempotencyStore::execute) included.
 ///
-/// The semantics of each operation are those documented on [`Store`](crate::Store)'s
-/// methods of the same name; the backends differ only in what they store in and in which
-/// errors the storage can produce.
+/// The semantics of each request-path operation are those documented on
+/// [`Store`](crate::Store)'s methods of the same name; the operator calls (`records`,
+/// `inspect`, `force_release`, `metrics`, `now`) are documented here, as only the trait
+/// offers them. The backends differ only in what they store in and in which errors the
+/// storage can produce.
 pub trait IdempotencyStore: Send + Sync {
     /// Claims `key` for the request with `fingerprint`: the first-writer-wins step. See
     /// [`Store::claim`](crate::Store::claim) for every branch.

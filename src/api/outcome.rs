@@ -285,7 +285,7 @@ pub struct RecordView {
 impl RecordView {
     /// Whether the record is stuck at `now`: unexpired and in progress under a lapsed lease, so
     /// it waits for a retry to take it over (or for an operator's `force_release`). The one rule
-    /// behind [`Stats::stuck`](crate::Stats::stuck) for both backends and the CLI's `--stuck`.
+    /// behind [`Stats::stuck`](crate::admin::Stats::stuck) for both backends and the CLI's `--stuck`.
     ///
     /// ```
     /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store, Timestamp};
@@ -329,7 +329,7 @@ pub enum RecordState {
     },
 }
 
-/// What [`Store::force_release`](crate::Store::force_release) did.
+/// What [`Store::force_release`](crate::IdempotencyStore::force_release) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForceRelease {

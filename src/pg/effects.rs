@@ -25,8 +25,8 @@ impl PgStore {
     ///
     /// `effect` must be `Send`: inside a tokio runtime the call runs on a helper thread (see
     /// [`PgStore`]'s section on async services). It gets a
-    /// [`postgres::Transaction`](::postgres::Transaction) on the store's connection (the crate
-    /// re-exports [`postgres`](crate::pg::postgres) so the versions match), at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
+    /// [`postgres::Transaction`] on the store's connection (the crate
+    /// re-exports [`postgres`] so the versions match), at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
     /// aborts the transaction, and the call then fails with [`Error::Storage`] when it stores
     /// the response, committing nothing.
     ///

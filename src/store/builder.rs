@@ -275,12 +275,12 @@ impl StoreBuilder {
     /// replays the log as always, but into memory: a copy-on-write layer over the file holds
     /// every page the open changed (redb's header and, after a crash, the pages its repair and
     /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](Store::lookup), claims that only replay or
-    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](Store::records),
-    /// [`inspect`](Store::inspect), [`metrics`](Store::metrics). Every call that would write
+    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](crate::IdempotencyStore::records),
+    /// [`inspect`](crate::IdempotencyStore::inspect), [`metrics`](crate::IdempotencyStore::metrics). Every call that would write
     /// (a claim that would take a key, [`complete`](Store::complete),
     /// [`release`](Store::release), [`heartbeat`](Store::heartbeat),
     /// [`checkpoint`](Store::checkpoint), [`sweep`](Store::sweep),
-    /// [`force_release`](Store::force_release), the `complete_with` calls) fails with
+    /// [`force_release`](crate::IdempotencyStore::force_release), the `complete_with` calls) fails with
     /// [`Error::ReadOnly`], and [`start_sweeper`](Store::start_sweeper) starts no thread.
     /// The file is never created.
     ///

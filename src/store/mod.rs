@@ -219,7 +219,7 @@ impl Store {
     /// replayed it. Never blocks on I/O or on the writer (one short lock), so the tower layer
     /// calls it on the async thread and hands only the other claims to the blocking pool.
     /// `None`: not kept (never replayed yet, evicted, another fingerprint, or expired), so
-    /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](Store::metrics)
+    /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](crate::IdempotencyStore::metrics)
     /// as everywhere.
     ///
     /// Memory: up to [`StoreBuilder::replay_cache`] bytes (default 4 MiB), filled by claims
@@ -432,7 +432,7 @@ impl Store {
     ///
     /// The view is the last visible write judged at the store's time when the read runs; a
     /// write batch still being made durable is not visible yet, although its time (taken when
-    /// the batch started) may be earlier than this read's (see [`now`](Store::now)).
+    /// the batch started) may be earlier than this read's (see [`now`](crate::IdempotencyStore::now)).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
