@@ -209,7 +209,7 @@ pub trait IdempotencyStore: Send + Sync {
     /// stays clean, and wakes the callers waiting in `claim_wait` in its process.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Error, Fingerprint, ForceRelease, IdempotencyStore, Key, Store};
+    /// use idempotency_store::{Claim, Error, Fingerprint, admin::ForceRelease, IdempotencyStore, Key, Store};
     ///
     /// let store = Store::builder().open_in_memory()?;
     /// let key = Key::new("stuck")?;

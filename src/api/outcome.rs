@@ -288,14 +288,15 @@ impl RecordView {
     /// behind [`Stats::stuck`](crate::admin::Stats::stuck) for both backends and the CLI's `--stuck`.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store, Timestamp};
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, ManualClock, Store, Timestamp};
     ///
     /// let clock = ManualClock::new(Timestamp::EPOCH);
     /// let store = Store::builder().clock(clock.clone()).open_in_memory()?;
     /// let key = Key::new("k")?;
     /// let Claim::Acquired(_lease) = store.claim(&key, Fingerprint::of(["r"]))? else { panic!() };
     /// clock.advance(store.settings().lease());
-    /// assert!(store.lookup(&key)?.is_some_and(|view| view.is_stuck(store.now())));
+    /// let now = store.now()?;
+    /// assert!(store.lookup(&key)?.is_some_and(|view| view.is_stuck(now)));
     /// # Ok::<(), idempotency_store::Error>(())
     /// ```
     #[must_use]

@@ -31,7 +31,7 @@ impl PgStore {
     /// the response, committing nothing.
     ///
     /// ```no_run
-    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, pg::PgStore, Response};
     ///
     /// let store = PgStore::connect("host=127.0.0.1 user=idem password=idem dbname=idem")?;
     /// let Claim::Acquired(lease) = store.claim(&Key::new("charge-1")?, Fingerprint::of(["4999"]))?
@@ -40,7 +40,7 @@ impl PgStore {
     /// };
     /// store.complete_with(&lease, Response::new(201, "charged"), |tx| {
     ///     tx.execute("INSERT INTO ledger (key, amount) VALUES ($1, $2)", &[&"charge-1", &4999i64])?;
-    ///     Ok::<_, idempotency_store::postgres::Error>(())
+    ///     Ok::<_, idempotency_store::pg::postgres::Error>(())
     /// })??;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -125,7 +125,7 @@ impl PgStore {
     /// [`complete_with`](PgStore::complete_with)): every statement in it sees one snapshot.
     ///
     /// ```no_run
-    /// use idempotency_store::PgStore;
+    /// use idempotency_store::pg::PgStore;
     ///
     /// let store = PgStore::connect("host=127.0.0.1 user=idem password=idem dbname=idem")?;
     /// let rows: i64 = store.read_with(|tx| {

@@ -59,7 +59,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// is `Send + Sync`, so share one per process (for example in an `Arc`).
 ///
 /// ```no_run
-/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, pg::PgStore, Response};
 ///
 /// let store = PgStore::builder()
 ///     .pool_size(16)
@@ -93,7 +93,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// modes trust must say `basicConstraints = CA:FALSE` (or come from a CA of its own).
 ///
 /// ```no_run
-/// # use idempotency_store::PgStore;
+/// # use idempotency_store::pg::PgStore;
 /// let store = PgStore::connect(
 ///     "postgresql://idem:idem@db.internal/idem?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
 /// )?;

@@ -41,7 +41,8 @@ pub enum Durability {
 ///
 /// ```
 /// use idempotency_store::{Durability, Store};
-/// ///
+/// use std::time::Duration;
+///
 /// let store = Store::builder()
 ///     .retention(Duration::from_secs(3600))
 ///     .lease(Duration::from_secs(30))
