@@ -5,10 +5,10 @@ use std::time::Duration;
 use crate::api::key::{Key, MAX_KEY_LEN};
 use crate::error::{Error, Result};
 
-/// The settings both backends share: what a record keeps and for how long, and the size limits
-/// of keys and responses. [`StoreBuilder`](crate::StoreBuilder) and `PgStoreBuilder` (feature
-/// `postgres`) each embed one, set it through their setters, and their stores return it from
-/// `settings()`:
+/// The settings both backends share: what a record keeps and for how long, the size limits of
+/// keys and responses, and the quotas. [`StoreBuilder`](crate::StoreBuilder) and
+/// `PgStoreBuilder` (feature `postgres`) each embed one and set it through the same setters
+/// (written once for both), and their stores return it from `settings()`:
 ///
 /// ```
 /// use idempotency_store::Store;
