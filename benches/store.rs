@@ -2,7 +2,7 @@
 //! durability (every write call waits for its `fdatasync`).
 //!
 //! `cargo bench --bench store`. The multi-thread figures and the comparison with SQLite are in
-//! `examples/loadtest.rs` and `BENCHMARKS.md`.
+//! `examples/loadtest/` and `BENCHMARKS.md`.
 
 use std::hint::black_box;
 use std::path::Path;

@@ -21,6 +21,7 @@ use std::time::Duration;
 use actix_web::dev::{Service, ServiceRequest};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use clap::Parser;
+use idempotency_store::IdempotencyStore;
 use idempotency_store::http::LeaseWatch;
 use idempotency_store::http::actix::{Idempotency, respond};
 use metrics_exporter_prometheus::PrometheusHandle;

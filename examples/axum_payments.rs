@@ -26,6 +26,7 @@ use axum::extract::{Extension, Path, Request, State};
 use axum::response::Response;
 use axum::routing::{any, get, post};
 use clap::Parser;
+use idempotency_store::IdempotencyStore;
 use idempotency_store::Store;
 use idempotency_store::http::LeaseWatch;
 use idempotency_store::http::tower::{Drain, IdempotencyLayer};

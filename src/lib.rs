@@ -59,13 +59,13 @@
 //! | [`Store::execute`] | claim, run a closure, store its response or release the key | none |
 //! | [`Store::claim`], [`Claim`], [`Store::complete`], [`Store::release`] | the same flow step by step | none |
 //! | [`Store::complete_with_effects`], [`StoreBuilder::effect_table`] | your own rows committed with the response | none |
-//! | [`IdempotencyStore`] | the calls shared by `Store` and `PgStore` | none |
-//! | [`Store::metrics`], [`Metrics`] | counters and latencies since the open | none (`metrics` publishes them through the `metrics` facade) |
+//! | [`IdempotencyStore`] | the calls shared by `Store` and `PgStore`, operator calls included ([`admin`]) | none |
+//! | [`IdempotencyStore::metrics`], [`metrics::Metrics`] | counters and latencies since the open | none (`metrics` publishes them through the `metrics` facade) |
 //! | [`StoreBuilder::trace_keys`] | show keys in `tracing` events | `tracing` (the events) |
 //! | [`http`](http/index.html): `http::handle`, `http::decide`, `http::Problem` | the HTTP mapping, the whole flow in one call | `http` |
 //! | [`http::tower::IdempotencyLayer`](http/tower/struct.IdempotencyLayer.html) | the same flow as a tower layer (axum, hyper) | `tower` |
 //! | [`http::actix::Idempotency`](http/actix/struct.Idempotency.html) | the same flow as an actix-web 4 middleware | `actix` |
-//! | [`PgStore`](struct.PgStore.html), [`PgStoreBuilder`](struct.PgStoreBuilder.html), [`FailoverSafety`](struct.FailoverSafety.html) | the same store on PostgreSQL, for many instances; whether a failover can lose its acknowledgements | `postgres` |
+//! | [`pg::PgStore`](pg/struct.PgStore.html), [`pg::PgStoreBuilder`](pg/struct.PgStoreBuilder.html), [`pg::FailoverSafety`](pg/struct.FailoverSafety.html) | the same store on PostgreSQL, for many instances; whether a failover can lose its acknowledgements | `postgres` |
 //! | the binary `idempotency-store` | look inside a store, release a stuck key | `cli` |
 //!
 //! # Guarantees
@@ -82,7 +82,8 @@
 //!   `retention` after the first claim, or at the lease's end if later). An expired record
 //!   never replays, even before a sweep deletes it. One exception, after a crash only: if the
 //!   clock at reopen is behind a time that only reads had seen since the last merge, a record
-//!   those reads saw expire is live again until the clock passes its expiry ([`Store::now`]).
+//!   those reads saw expire is live again until the clock passes its expiry
+//!   ([`IdempotencyStore::now`]).
 //! - **Never stuck.** A crashed holder's record is taken over once its lease lapses.
 //!
 //! # Time
@@ -90,7 +91,7 @@
 //! All times come from the [`Clock`] given to the builder ([`SystemClock`] by default) in
 //! wall-clock milliseconds, so leases and expiry survive restarts. The store never lets time go
 //! backwards: it uses the highest time it has seen, persisted in the file (see
-//! [`Store::now`] for what a crash may forget). A clock stepping back makes time stand still
+//! [`IdempotencyStore::now`] for what a crash may forget). A clock stepping back makes time stand still
 //! until the clock catches up; it delays expiry but never shortens a lease.
 //!
 //! # Crate features
@@ -112,10 +113,11 @@
 //!   `tokio`).
 //! - `cli`: the operator binary `idempotency-store` (it brings `postgres` along, since it also
 //!   works on PostgreSQL tables).
-//! - `postgres`: `PgStore`, the same API ([`IdempotencyStore`]) on a PostgreSQL table shared by
-//!   many service instances (sync `postgres` client, `r2d2` connection pool).
-//! - `metrics`: [`Store::metrics`]'s counters also go through the `metrics` facade to the
-//!   recorder the application installed; without it nothing is recorded there.
+//! - `postgres`: the module `idempotency_store::pg` with `PgStore`, the same API
+//!   ([`IdempotencyStore`]) on a PostgreSQL table shared by many service instances (sync
+//!   `postgres` client, `r2d2` connection pool).
+//! - `metrics`: the counters of [`IdempotencyStore::metrics`] also go through the `metrics`
+//!   facade to the recorder the application installed; without it nothing is recorded there.
 //! - `tracing`: spans and events through `tracing` (keys hidden unless
 //!   [`StoreBuilder::trace_keys`] is on).
 //!
@@ -148,43 +150,46 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 #[cfg(feature = "postgres")]
-mod pg;
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod pg;
 mod store;
 
-pub use crate::api::backend::{IdempotencyStore, SWEEP_BATCH};
+pub use crate::api::backend::IdempotencyStore;
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::api::fingerprint::Fingerprint;
-pub use crate::api::key::{Key, MAX_KEY_LEN};
-pub use crate::api::metrics::{
-    ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
-};
-pub use crate::api::outcome::{
-    Claim, ClaimId, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
-};
-pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
+pub use crate::api::key::Key;
+pub use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordState, RecordView, Replay};
 pub use crate::api::response::Response;
 pub use crate::api::settings::{Settings, WhenFull};
 pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::pg::{FailoverSafety, PgRecords, PgStore, PgStoreBuilder};
 pub use crate::store::Store;
-pub use crate::store::admin::Records;
 pub use crate::store::builder::{Durability, StoreBuilder};
 pub use crate::store::sweep::Sweeper;
+
+/// What the operator calls of [`IdempotencyStore`] answer: the walk over every record, its
+/// items, the counts by state, the invariant check and a forced release. For tools (the
+/// `idempotency-store` CLI is built on them); a service's request path never needs them.
+pub mod admin {
+    pub use crate::api::outcome::ForceRelease;
+    pub use crate::api::records::Records;
+    pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
+}
+
+/// What a store has done since it was opened, as [`IdempotencyStore::metrics`] returns it:
+/// the same counters and latency histograms on every backend, so that dashboards work on
+/// either (with the `metrics` feature they also go to the application's `metrics` recorder).
+pub mod metrics {
+    pub use crate::api::metrics::{
+        ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
+    };
+}
 
 /// The redb this crate stores in, for the caller's own tables ([`Store::complete_with_effects`],
 /// [`StoreBuilder::effect_table`], [`Store::complete_with`], [`Store::read_with`]). Supported: redb
 /// `>= 4.6, < 5` (the requirement `redb = "4.6"`; the test suite runs on 4.6.0, the newest 4.x
 /// release), so an application on any of those versions shares one copy with this crate.
 pub use redb;
-
-/// The `postgres` client version [`PgStore`] uses, for the transactions of
-/// [`PgStore::complete_with`] and [`PgStore::read_with`].
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres;
 
 /// The README's code blocks, compiled and run as doc tests by `cargo test --all-features`, so
 /// that every example a user copies from it builds as written.

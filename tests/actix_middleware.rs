@@ -1,5 +1,5 @@
 //! What only the actix middleware has (the behaviour it shares with the tower layer is in
-//! `tests/http_adapters.rs`): a `Release` in actix's own response extensions releases the key,
+//! `tests/http_adapters.rs`): a `NotFinal` in actix's own response extensions releases the key,
 //! and an error the inner service returns instead of a response is the answer, stored and
 //! replayed.
 
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use actix_web::{App, HttpResponse, test, web};
 use idempotency_store::Store;
 use idempotency_store::http::actix::Idempotency;
-use idempotency_store::http::{HandleOptions, Release};
+use idempotency_store::http::{HandleOptions, NotFinal};
 
 fn post(key: &str) -> actix_web::test::TestRequest {
     test::TestRequest::post()
@@ -34,7 +34,7 @@ fn a_release_in_actix_extensions_lets_the_retry_run() {
             counted.fetch_add(1, Ordering::SeqCst);
             async {
                 let mut response = HttpResponse::BadRequest().body("fix the card number");
-                response.extensions_mut().insert(Release);
+                response.extensions_mut().insert(NotFinal);
                 response
             }
         };

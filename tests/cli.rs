@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use idempotency_store::redb::TableDefinition;
 use idempotency_store::{
-    Claim, Clock, Error, Fingerprint, Key, ManualClock, Response, Store, SystemClock, Timestamp,
+    Claim, Clock, Error, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Store,
+    SystemClock, Timestamp,
 };
 use serde_json::Value;
 
@@ -172,7 +173,7 @@ fn checksum(path: &Path) -> blake3::Hash {
     blake3::hash(&std::fs::read(path).expect("read"))
 }
 
-fn verify_with_library(path: &Path) -> idempotency_store::VerifyReport {
+fn verify_with_library(path: &Path) -> idempotency_store::admin::VerifyReport {
     Store::open(path).expect("open").verify().expect("verify")
 }
 
@@ -724,7 +725,7 @@ fn a_failing_release_or_sweep_leaves_the_file_byte_identical() {
 
 #[test]
 fn force_release_deletes_only_in_progress_records_and_keeps_the_store_consistent() {
-    use idempotency_store::{Error, ForceRelease};
+    use idempotency_store::{Error, admin::ForceRelease};
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let store = Store::builder()
         .lease(Duration::from_secs(10))
@@ -794,7 +795,10 @@ fn records_and_inspect_include_expired_records() {
         .expect("no damage");
     let keys: Vec<String> = all.iter().map(|r| r.key.to_string()).collect();
     assert_eq!(keys, ["a", "s/b"]);
-    assert!(all.iter().all(|r| r.record.expires_at <= store.now()));
+    assert!(
+        all.iter()
+            .all(|r| r.record.expires_at <= store.now().expect("now"))
+    );
     assert!(store.lookup(&a).expect("lookup").is_none());
     assert!(store.inspect(&a).expect("inspect").is_some());
 }
@@ -807,8 +811,8 @@ mod postgres_backend {
     use std::time::Duration;
 
     use idempotency_store::{
-        Claim, Clock, Fingerprint, IdempotencyStore, Key, ManualClock, PgStore, Response,
-        SystemClock, Timestamp,
+        Claim, Clock, Fingerprint, IdempotencyStore, Key, ManualClock, Response, SystemClock,
+        Timestamp, pg::PgStore,
     };
 
     use super::{HOUR, cli, expect, json};

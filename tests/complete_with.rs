@@ -175,10 +175,10 @@ fn many_threads_mix_complete_with_and_ordinary_calls() -> Result<()> {
 mod postgres_backend {
     use std::time::Duration;
 
-    use idempotency_store::postgres::{self, Transaction};
+    use idempotency_store::pg::postgres::{self, Transaction};
     use idempotency_store::{
-        Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, PgStore, RecordState,
-        Response, Result, Timestamp,
+        Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordState,
+        Response, Result, Timestamp, pg::PgStore,
     };
 
     /// A schema of its own with a `ledger` table, dropped before and after.

@@ -1034,13 +1034,17 @@ fn postgres_backend_matches_the_reference_model() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
-    matches_the_reference_model::<idempotency_store::PgStore>(cases, reference::Ties::Key, &|| {
-        db.truncate()?;
-        let db = Arc::clone(&db);
-        Ok(Box::new(move |clock: &ManualClock| {
-            db.connect(&model_settings(), clock)
-        }))
-    });
+    matches_the_reference_model::<idempotency_store::pg::PgStore>(
+        cases,
+        reference::Ties::Key,
+        &|| {
+            db.truncate()?;
+            let db = Arc::clone(&db);
+            Ok(Box::new(move |clock: &ManualClock| {
+                db.connect(&model_settings(), clock)
+            }))
+        },
+    );
 }
 
 /// Migrations are applied once, recorded, and refused when the schema is newer or foreign.
@@ -1215,7 +1219,7 @@ fn postgres_uses_the_server_clock_by_default() -> Result<()> {
 #[cfg(feature = "postgres")]
 fn claim_behind_a_deletion(
     db: &pg::Db,
-    store: &idempotency_store::PgStore,
+    store: &idempotency_store::pg::PgStore,
     key_lock: bool,
     released_at: impl FnOnce() -> Result<u64>,
 ) -> Result<(Lease, u64)> {
@@ -1405,7 +1409,7 @@ fn postgres_force_release_behind_a_replaced_record_releases_the_new_one() -> Res
         assert!(
             matches!(
                 released,
-                idempotency_store::ForceRelease::Released { attempt: 3, .. }
+                idempotency_store::admin::ForceRelease::Released { attempt: 3, .. }
             ),
             "{released:?}"
         );
@@ -1478,14 +1482,14 @@ fn postgres_replaces_a_connection_the_server_dropped() -> Result<()> {
 fn postgres_connect_fails_fast_on_bad_credentials() {
     let Some(url) = pg::url() else { return };
     assert!(matches!(
-        idempotency_store::PgStore::connect("postgresql://[::1"),
+        idempotency_store::pg::PgStore::connect("postgresql://[::1"),
         Err(Error::InvalidConfig { .. })
     ));
     if url.starts_with("postgres") {
         return; // a URL-style address cannot simply be overridden below
     }
     let started = std::time::Instant::now();
-    let wrong = idempotency_store::PgStore::connect(&format!("{url} password=wrong-{}", T0));
+    let wrong = idempotency_store::pg::PgStore::connect(&format!("{url} password=wrong-{}", T0));
     match wrong {
         Err(err @ Error::Storage { .. }) => {
             let mut chain = Vec::new();
@@ -1516,7 +1520,7 @@ mod pg {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Mutex, PoisonError};
 
-    use idempotency_store::{Error, ManualClock, PgStore, Result, Timestamp};
+    use idempotency_store::{Error, ManualClock, Result, Timestamp, pg::PgStore};
 
     use super::{Settings, T0};
 

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
 
 mod acks;
@@ -56,7 +57,7 @@ fn crash_child_process() -> Result<()> {
     let clock = ManualClock::new(Timestamp::EPOCH);
     let store = Arc::new(builder(&clock).open(dir.join("store.redb"))?);
     // Start where the file's time stands, so the child's ticks move the store's time.
-    clock.set(store.now());
+    clock.set(store.now()?);
     let _sweeper = store.start_sweeper(Duration::from_millis(5), 64);
     println!("ready");
     std::io::stdout().flush().ok();
@@ -103,7 +104,7 @@ fn child_worker(store: &Store, clock: &ManualClock, log: &Path, prefix: &str) ->
             _ => format!("{prefix}-{i}"),
         };
         let key = Key::new(&name)?;
-        let before = store.now().as_millis();
+        let before = store.now()?.as_millis();
         let lease = match store.claim(&key, fingerprint(&name))? {
             Claim::Acquired(lease) => lease,
             Claim::InProgress { .. } => {
@@ -116,7 +117,7 @@ fn child_worker(store: &Store, clock: &ManualClock, log: &Path, prefix: &str) ->
         log.line(format!("A {name} {token} {before}"));
         match i % 10 {
             0..=5 => {
-                let before = store.now().as_millis();
+                let before = store.now()?.as_millis();
                 complete(store, &lease, &name)?;
                 log.line(format!("C {name} {token} {before}"));
             }
@@ -166,7 +167,7 @@ fn read_logs(dir: &Path) -> Acks {
 
 /// An in-progress record of the dead child is taken over only once its lease lapses.
 fn check_takeover(store: &Store, clock: &ManualClock, acks: &Acks, log: &mut Log) -> Result<bool> {
-    let now = store.now();
+    let now = store.now()?;
     for name in acks.keys.keys() {
         let key = Key::new(name)?;
         let Some(view) = store.lookup(&key)? else {
@@ -191,7 +192,7 @@ fn check_takeover(store: &Store, clock: &ManualClock, acks: &Acks, log: &mut Log
             panic!("{name}: not taken over after its lease lapsed");
         };
         assert_eq!(lease.attempt(), view.attempt + 1);
-        let before = store.now().as_millis();
+        let before = store.now()?.as_millis();
         log.line(format!("A {name} {} {before}", lease.token()));
         complete(store, &lease, name)?;
         log.line(format!("C {name} {} {before}", lease.token()));
@@ -279,7 +280,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
         assert!(report.is_clean(), "verify after kill {kills}: {report:?}");
         let acks = read_logs(dir.path());
         acknowledged = acks.keys.len();
-        let now = store.now();
+        let now = store.now()?;
         clock.set(now);
         checks += acks.check(&store, now.as_millis(), RETENTION)?;
         ledger_rows = check_ledger(&store, now.as_millis(), RETENTION)?;

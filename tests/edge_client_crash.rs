@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::client::SCOPE;
 use idempotency_store::redb::{self, ReadableTable};
 use idempotency_store::{Key, RecordState, Response, Store};

@@ -163,7 +163,8 @@ mod pg {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use idempotency_store::{Claim, Key, ManualClock, PgStore, Result, Timestamp};
+    use idempotency_store::pg::PgStore;
+    use idempotency_store::{Claim, IdempotencyStore, Key, ManualClock, Result, Timestamp};
 
     use super::history::{Rng, Target};
     use super::{Manual, T0, TIMES, WaitingClaim};

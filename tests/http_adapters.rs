@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 
 use adapters::{Adapter, Handler, Server};
 use client::{Client, Reply};
+use idempotency_store::admin::{ForceRelease, Records, Stats, VerifyReport};
 use idempotency_store::http::{HandleOptions, problem_type};
+use idempotency_store::metrics::Metrics;
 use idempotency_store::{
     Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordView,
-    Response, Result, Stats, Store, Timestamp, VerifyReport,
+    Response, Result, Store, Timestamp,
 };
 
 const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
@@ -307,7 +309,19 @@ impl IdempotencyStore for Unreachable {
         self.0.stats()
     }
     fn now(&self) -> Result<Timestamp> {
-        Ok(self.0.now())
+        self.0.now()
+    }
+    fn metrics(&self) -> Metrics {
+        self.0.metrics()
+    }
+    fn records(&self) -> Result<Records<'_>> {
+        self.0.records()
+    }
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.0.inspect(key)
+    }
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        self.0.force_release(key)
     }
 }
 

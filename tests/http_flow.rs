@@ -135,7 +135,7 @@ mod pg {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use idempotency_store::PgStore;
+    use idempotency_store::pg::PgStore;
 
     /// A `PgStore` on a fresh schema of its own, or `None` without `IDEMPOTENCY_PG_URL`.
     pub fn store(test: &str, lease: Duration) -> Option<PgStore> {
@@ -630,13 +630,17 @@ fn a_panicking_handler_leaves_the_key_to_its_lease() {
 
 #[test]
 fn release_marker_and_finality_rule_let_the_retry_run() {
-    use idempotency_store::http::{Finality, release};
+    use idempotency_store::http::{Finality, not_final};
     let store = Store::builder().open_in_memory().expect("store");
     let runs = AtomicUsize::new(0);
     let run = |status: u16, marked: bool| {
         runs.fetch_add(1, Ordering::SeqCst);
         let response = answer(status, "x");
-        if marked { release(response) } else { response }
+        if marked {
+            not_final(response)
+        } else {
+            response
+        }
     };
     // Default: every answer is final, a 500 included.
     let options = HandleOptions::new();

@@ -15,11 +15,13 @@ use std::time::Duration;
 use ::http::{Request, StatusCode};
 use axum::body::Body;
 use http_body_util::BodyExt;
+use idempotency_store::admin::{ForceRelease, Records, Stats, VerifyReport};
 use idempotency_store::http::tower::IdempotencyLayer;
 use idempotency_store::http::{HandleOptions, handle, problem_type};
+use idempotency_store::metrics::Metrics;
 use idempotency_store::{
     Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordView,
-    Response, Result, Stats, Store, Timestamp, VerifyReport,
+    Response, Result, Store, Timestamp,
 };
 use tower::ServiceExt;
 
@@ -205,6 +207,18 @@ impl IdempotencyStore for Slow {
     }
     fn now(&self) -> Result<Timestamp> {
         self.0.now()
+    }
+    fn metrics(&self) -> Metrics {
+        self.0.metrics()
+    }
+    fn records(&self) -> Result<Records<'_>> {
+        self.0.records()
+    }
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.0.inspect(key)
+    }
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        self.0.force_release(key)
     }
 }
 
@@ -392,7 +406,19 @@ impl IdempotencyStore for LosesAnswers {
         self.inner.stats()
     }
     fn now(&self) -> Result<Timestamp> {
-        Ok(self.inner.now())
+        self.inner.now()
+    }
+    fn metrics(&self) -> Metrics {
+        self.inner.metrics()
+    }
+    fn records(&self) -> Result<Records<'_>> {
+        self.inner.records()
+    }
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        self.inner.inspect(key)
+    }
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        self.inner.force_release(key)
     }
 }
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Metrics, Response, Store,
-    Timestamp,
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Response, Store,
+    Timestamp, metrics::Metrics,
 };
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -402,7 +402,7 @@ fn postgres_counts_each_outcome() {
     };
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     let clock = ManualClock::new(Timestamp::from_millis(T0));
-    let store = idempotency_store::PgStore::builder()
+    let store = idempotency_store::pg::PgStore::builder()
         .schema(schema.as_str())
         .lease(LEASE)
         .retention(RETENTION)
@@ -419,7 +419,7 @@ fn postgres_counts_each_outcome() {
 
     // A quota of one record: the second new key is refused and counted.
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-    let store = idempotency_store::PgStore::builder()
+    let store = idempotency_store::pg::PgStore::builder()
         .schema(schema.as_str())
         .max_records(1)
         .pool_size(1)
@@ -454,7 +454,7 @@ fn postgres_counts_claim_wait_waits_and_timeouts() {
         client.batch_execute(sql).expect("admin sql");
     };
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-    let store = idempotency_store::PgStore::builder()
+    let store = idempotency_store::pg::PgStore::builder()
         .schema(schema.as_str())
         .lease(LEASE)
         .pool_size(2)

@@ -146,7 +146,7 @@ fn postgres_counts_reach_the_recorder_with_backend_postgres() {
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     let recorder = DebuggingRecorder::new();
     metrics::with_local_recorder(&recorder, || {
-        let store = idempotency_store::PgStore::builder()
+        let store = idempotency_store::pg::PgStore::builder()
             .schema(schema.as_str())
             .lease(Duration::from_secs(60))
             .pool_size(1)

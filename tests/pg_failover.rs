@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_store::{
-    Claim, ClaimId, Error, FailoverSafety, Fingerprint, IdempotencyStore, Key, PgStore,
-    RecordState, Response,
+    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, RecordState, Response,
+    pg::FailoverSafety, pg::PgStore,
 };
 
 const THREADS: usize = 32;
@@ -124,7 +124,7 @@ fn run(script: &PathBuf, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn builder() -> idempotency_store::PgStoreBuilder {
+fn builder() -> idempotency_store::pg::PgStoreBuilder {
     let mut builder = PgStore::builder();
     builder
         .pool_size(u32::try_from(THREADS).unwrap())
@@ -137,7 +137,7 @@ fn builder() -> idempotency_store::PgStoreBuilder {
 
 /// Connects with `tracing` events captured (feature `tracing`); returns them with the store.
 fn connect_traced(
-    builder: &idempotency_store::PgStoreBuilder,
+    builder: &idempotency_store::pg::PgStoreBuilder,
     url: &str,
 ) -> (Result<PgStore, Error>, Vec<String>) {
     #[cfg(feature = "tracing")]

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_store::{
-    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, PgStore, RecordState,
-    Response,
+    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, RecordState, Response,
+    pg::PgStore,
 };
 
 /// Threads; two per key, so every key is raced.

@@ -28,7 +28,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use idempotency_store::{
-    Claim, Fingerprint, IdempotencyStore, Key, PgStore, RecordState, Response, Result,
+    Claim, Fingerprint, IdempotencyStore, Key, RecordState, Response, Result, pg::PgStore,
 };
 
 const CHILD_ENV: &str = "IDEMPOTENCY_PG_CHILD";

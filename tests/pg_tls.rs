@@ -8,7 +8,7 @@
 //! failed under `CI=true`.
 #![cfg(feature = "postgres")]
 
-use idempotency_store::{Claim, Error, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+use idempotency_store::{Claim, Error, Fingerprint, IdempotencyStore, Key, Response, pg::PgStore};
 
 struct Server {
     url: String,

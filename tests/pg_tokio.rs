@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response, Result};
+use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Result, pg::PgStore};
 
 fn url() -> Option<String> {
     match std::env::var("IDEMPOTENCY_PG_URL") {

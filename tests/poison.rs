@@ -14,6 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Key, ManualClock, Result, Store, Timestamp};
 
 mod acks;
@@ -202,7 +203,7 @@ fn workload(store: &Store, acks: &mut Acks, clock: &ManualClock) -> Option<Error
 }
 
 fn step(store: &Store, acks: &mut Acks, name: &str, i: usize) -> Result<()> {
-    let now = store.now().as_millis();
+    let now = store.now()?.as_millis();
     let mut ack = |kind, token| {
         acks.record(
             name,
@@ -299,8 +300,8 @@ fn run(plan: Option<Plan>) -> Result<Run> {
     for image in [durable, live] {
         let store = open(FaultyDisk::image(image), &clock)?;
         assert!(store.verify()?.is_clean(), "{plan:?}");
-        acks.check(&store, store.now().as_millis(), RETENTION)?;
-        check_ledger(&store, store.now().as_millis(), RETENTION)?;
+        acks.check(&store, store.now()?.as_millis(), RETENTION)?;
+        check_ledger(&store, store.now()?.as_millis(), RETENTION)?;
         let Claim::Acquired(lease) = store.claim(&Key::new("after")?, fingerprint("after"))? else {
             panic!("{plan:?}: the reopened store refused a fresh claim");
         };

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Durability, Key, ManualClock, Result, Store, Timestamp};
 
 mod acks;
@@ -188,7 +189,7 @@ fn step(store: &Store, acks: &Mutex<Acks>, name: &str, i: usize) -> Result<()> {
         let event = Event { kind, token, clock };
         acks.lock().expect("acks").record(name, event);
     };
-    let now = store.now().as_millis();
+    let now = store.now()?.as_millis();
     let Claim::Acquired(lease) = store.claim(&Key::new(name)?, fingerprint(name))? else {
         panic!("{name}: fresh key not acquired");
     };
@@ -237,8 +238,8 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
         checked += acks
             .lock()
             .expect("acks")
-            .check(&store, store.now().as_millis(), RETENTION)?;
-        rows += check_ledger(&store, store.now().as_millis(), RETENTION)?;
+            .check(&store, store.now()?.as_millis(), RETENTION)?;
+        rows += check_ledger(&store, store.now()?.as_millis(), RETENTION)?;
         let fresh = Key::new(&format!("after-{iteration}"))?;
         let Claim::Acquired(lease) = store.claim(&fresh, fingerprint("after"))? else {
             panic!("iteration {iteration}: the recovered store refused a fresh claim");

@@ -257,7 +257,7 @@ both_backends! {
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use idempotency_store::{PgStore, Result, WhenFull};
+    use idempotency_store::{Result, WhenFull, pg::PgStore};
 
     use super::{Backend, Quota};
 
@@ -292,7 +292,7 @@ mod pg {
             Some(schema)
         }
 
-        pub fn builder(&self, quota: &Quota) -> idempotency_store::PgStoreBuilder {
+        pub fn builder(&self, quota: &Quota) -> idempotency_store::pg::PgStoreBuilder {
             let mut builder = PgStore::builder();
             builder.schema(self.name.as_str()).pool_size(2);
             if let Some(n) = quota.max_records {
@@ -347,7 +347,7 @@ mod pg {
 mod postgres_only {
     use std::sync::Arc;
 
-    use idempotency_store::{Claim, Error, IdempotencyStore, Key, PgStore, Response, Result};
+    use idempotency_store::{Claim, Error, IdempotencyStore, Key, Response, Result, pg::PgStore};
 
     use super::pg::Schema;
     use super::{Quota, fp};

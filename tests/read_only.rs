@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::redb::{self, TableDefinition};
 use idempotency_store::{
     Claim, Error, Fingerprint, Key, Lease, RecordState, Response, Store, StoreBuilder,

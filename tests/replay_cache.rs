@@ -151,7 +151,7 @@ fn racing_readers_never_see_a_replay_past_its_expiry() {
                     let mut served = 0u64;
                     while !stop.load(Ordering::SeqCst) {
                         for key in &keys {
-                            let before = Store::now(&store);
+                            let before = store.now().expect("the store's time");
                             if let Some(replay) = store.cached_replay(key, fp) {
                                 assert!(
                                     replay.expires_at > before,
@@ -203,7 +203,7 @@ fn claims_from_the_cache_never_replay_past_expiry_nor_an_old_record() {
                     let mut replays = 0u64;
                     while !stop.load(Ordering::SeqCst) {
                         for key in &keys {
-                            let before = Store::now(&store);
+                            let before = store.now().expect("the store's time");
                             match store.claim(key, fp).expect("claim") {
                                 Claim::Completed(replay) => {
                                     assert!(replay.expires_at > before, "{replay:?} at {before:?}");

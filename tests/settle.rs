@@ -205,7 +205,7 @@ fn pg_store_settles_after_unknown_outcomes() -> Result<()> {
     let schema = format!("settle_{}", std::process::id());
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let store = Arc::new(
-        idempotency_store::PgStore::builder()
+        idempotency_store::pg::PgStore::builder()
             .schema(schema.as_str())
             .clock(clock.clone())
             .lease(LEASE)

@@ -5,17 +5,19 @@ use std::time::{Duration, Instant};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordView, Replay};
+use crate::api::metrics::Metrics;
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, Outcome, RecordView, Replay};
+use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::{Error, Result};
 
-/// How many expired records one round of `sweep_all` deletes, on every backend (and in the CLI's
-/// `sweep`). Each round is one bounded transaction. Expired keys are scattered through the
+/// How many expired records one round of `sweep_all` deletes, on every backend (the CLI's
+/// `sweep` uses the same rounds). Each round is one bounded transaction. Expired keys are scattered through the
 /// records table, so each deletion dirties a page of its own; a claim queued behind a sweep
 /// waits for at most one round (sweeps never share a batch), so this bounds a sweep's effect
 /// on claim latency. BENCHMARKS.md ("Figures behind the defaults") has the measurements behind 64.
-pub const SWEEP_BATCH: usize = 64;
+pub(crate) const SWEEP_BATCH: usize = 64;
 
 /// The operations of an idempotency store, with the same types and the same outcomes on every
 /// backend: the embedded redb [`Store`](crate::Store) and, with the `postgres` feature,
@@ -50,9 +52,11 @@ pub const SWEEP_BATCH: usize = 64;
 /// implementation, so a `Box<dyn IdempotencyStore>` or `Arc<dyn IdempotencyStore>` chosen at
 /// run time offers every method, [`execute`](IdempotencyStore::execute) included.
 ///
-/// The semantics of each operation are those documented on [`Store`](crate::Store)'s
-/// methods of the same name; the backends differ only in what they store in and in which
-/// errors the storage can produce.
+/// The semantics of each request-path operation are those documented on
+/// [`Store`](crate::Store)'s methods of the same name; the operator calls (`records`,
+/// `inspect`, `force_release`, `metrics`, `now`) are documented here, as only the trait
+/// offers them. The backends differ only in what they store in and in which errors the
+/// storage can produce.
 pub trait IdempotencyStore: Send + Sync {
     /// Claims `key` for the request with `fingerprint`: the first-writer-wins step. See
     /// [`Store::claim`](crate::Store::claim) for every branch.
@@ -112,7 +116,22 @@ pub trait IdempotencyStore: Send + Sync {
     }
 
     /// The store's current time, the one its leases and expiry are counted in (for example to
-    /// turn a lease's end into a `Retry-After`). The default is the system clock.
+    /// turn a lease's end into a `Retry-After`, or to tell whether a record from
+    /// [`inspect`](IdempotencyStore::inspect) has expired). The default is the system clock.
+    ///
+    /// The redb [`Store`](crate::Store) answers from memory and never fails: the clock's time,
+    /// but never earlier than any time the store has already used (also across restarts), so
+    /// a clock stepping back makes time stand still until it catches up and a lease is never
+    /// handed out twice. The times of write calls are logged with them, and every merge and
+    /// the close persist the highest time used by any call, reads included; after a crash, a
+    /// time seen only by reads since the last merge may be forgotten, so with the clock behind
+    /// it at reopen, a record such a read saw expire can be seen live again until the clock
+    /// passes its expiry. A read may carry a time later than that of a write it cannot see yet
+    /// (a write batch takes its time when it starts); each call is still consistent with one
+    /// moment between its start and its return.
+    ///
+    /// `PgStore` (feature `postgres`) asks the database server (one round trip), or its
+    /// injected clock (never going backwards within the store).
     ///
     /// # Errors
     /// [`Error::Storage`] if the backend has to ask a server for its time and cannot.
@@ -121,6 +140,91 @@ pub trait IdempotencyStore: Send + Sync {
             &crate::api::clock::SystemClock,
         ))
     }
+
+    /// What this store has done since it was opened: claims by outcome, settling calls,
+    /// errors by kind, latencies, under the same names on every backend (the redb
+    /// [`Store`](crate::Store) adds its engine's batches, log writes and merges in
+    /// [`Metrics::engine`]). Counts this process's calls only. Cheap: it reads counters and
+    /// walks no table; for counts of records by state use
+    /// [`stats`](IdempotencyStore::stats).
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("order-1")?;
+    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["a"]))? else { panic!() };
+    /// store.complete(&lease, Response::new(201, "created"))?;
+    /// let _ = store.claim(&key, Fingerprint::of(["a"]))?;
+    /// let metrics = store.metrics();
+    /// assert_eq!((metrics.claims.acquired, metrics.claims.replayed, metrics.completes), (1, 1, 1));
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    fn metrics(&self) -> Metrics;
+
+    /// Walks every record, expired ones included; see [`Records`] for each backend's order and
+    /// consistency. For operator tools such as a listing or an export; a service has no use
+    /// for it.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let Claim::Acquired(_lease) = store.claim(&Key::new("k")?, Fingerprint::of(["r"]))? else {
+    ///     unreachable!()
+    /// };
+    /// let keys = store.records()?.map(|r| r.map(|r| r.key.to_string())).collect::<Result<Vec<_>, _>>()?;
+    /// assert_eq!(keys, ["k"]);
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`] or [`Error::Corrupted`] if the walk cannot start (the redb store's
+    /// records table cannot be opened). Errors met during the walk are items of the iterator.
+    fn records(&self) -> Result<Records<'_>>;
+
+    /// The key's record, expired or not: like [`lookup`](IdempotencyStore::lookup), but an
+    /// expired record that no sweep has deleted yet is returned too (compare its `expires_at`
+    /// with [`now`](IdempotencyStore::now)). For operator tools.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
+    /// record does not decode; [`Error::Storage`].
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>>;
+
+    /// Deletes the key's **in-progress**, unexpired record without holding its lease, so that
+    /// the next claim runs the operation afresh. For an operator un-sticking a key, never for a
+    /// service's normal flow (use [`release`](IdempotencyStore::release) with the lease there).
+    ///
+    /// **Danger: this bypasses fencing.** If the attempt holding the key is still alive (or its
+    /// side effect already happened downstream), a retry after this call runs the operation a
+    /// second time: the payment is charged twice. Check downstream first. The old holder's
+    /// later `complete`, `release`, `heartbeat` or `checkpoint` then fails with
+    /// [`Error::LeaseLost`] (its token no longer matches any record), but its side effect is not
+    /// undone.
+    ///
+    /// Completed records are never deleted (the response keeps replaying), and an expired record
+    /// is left to the sweeps. The redb store changes the record, its expiry-index entry and the
+    /// usage counters in one durable write transaction, so [`verify`](IdempotencyStore::verify)
+    /// stays clean, and wakes the callers waiting in `claim_wait` in its process.
+    ///
+    /// ```
+    /// use idempotency_store::{Claim, Error, Fingerprint, admin::ForceRelease, IdempotencyStore, Key, Store};
+    ///
+    /// let store = Store::builder().open_in_memory()?;
+    /// let key = Key::new("stuck")?;
+    /// let Claim::Acquired(lease) = store.claim(&key, Fingerprint::of(["r"]))? else { unreachable!() };
+    /// assert!(matches!(store.force_release(&key)?, ForceRelease::Released { attempt: 1, .. }));
+    /// assert!(matches!(store.release(&lease), Err(Error::LeaseLost)));
+    /// assert!(store.verify()?.is_clean());
+    /// # Ok::<(), idempotency_store::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
+    /// record does not decode (nothing is changed); [`Error::Storage`] if the write fails (its
+    /// outcome is then unknown: inspect the key).
+    fn force_release(&self, key: &Key) -> Result<ForceRelease>;
 
     /// Stores the response for the lease's key and ends the lease; fenced by the lease's
     /// token. See [`Store::complete`](crate::Store::complete).
@@ -176,7 +280,7 @@ pub trait IdempotencyStore: Send + Sync {
     ///
     /// # Errors
     /// [`Error::Storage`] if the deletion fails (nothing is deleted then; `PgStore` may delete
-    /// in several statements, for more than [`SWEEP_BATCH`] records or after skipping a key
+    /// in several statements, for more than 64 records or after skipping a key
     /// being claimed, and keeps what the earlier ones deleted).
     fn sweep(&self, limit: usize) -> Result<usize>;
 
@@ -365,6 +469,22 @@ macro_rules! forward {
 
             fn now(&self) -> Result<Timestamp> {
                 (**self).now()
+            }
+
+            fn metrics(&self) -> Metrics {
+                (**self).metrics()
+            }
+
+            fn records(&self) -> Result<Records<'_>> {
+                (**self).records()
+            }
+
+            fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+                (**self).inspect(key)
+            }
+
+            fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+                (**self).force_release(key)
             }
 
             fn complete(&self, lease: &Lease, response: Response) -> Result<()> {

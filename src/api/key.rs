@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 
 /// The longest key or scope accepted, in bytes (Stripe's limit, and what the IETF draft's
 /// examples fit in). A store may be configured to accept less.
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key, optionally within a scope.
 ///
@@ -35,7 +35,7 @@ impl Key {
     /// An unscoped key.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] if `key` is empty, longer than [`MAX_KEY_LEN`] bytes, or holds a
+    /// [`Error::InvalidKey`] if `key` is empty, longer than 255 bytes, or holds a
     /// byte outside printable ASCII.
     pub fn new(key: &str) -> Result<Self> {
         check("key", key)?;

@@ -1,5 +1,5 @@
 //! What a store has done since it was opened: lock-free counters kept at the call sites, and the
-//! snapshot [`Metrics`] that `Store::metrics` and `PgStore::metrics` return. Both backends count
+//! snapshot [`Metrics`] that `IdempotencyStore::metrics` returns on both backends. Both count
 //! the same calls under the same names, so dashboards work on either.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};

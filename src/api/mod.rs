@@ -11,6 +11,7 @@ pub(crate) mod metrics;
 pub(crate) mod outcome;
 pub(crate) mod publish;
 pub(crate) mod record;
+pub(crate) mod records;
 pub(crate) mod report;
 pub(crate) mod response;
 pub(crate) mod series;

@@ -285,17 +285,18 @@ pub struct RecordView {
 impl RecordView {
     /// Whether the record is stuck at `now`: unexpired and in progress under a lapsed lease, so
     /// it waits for a retry to take it over (or for an operator's `force_release`). The one rule
-    /// behind [`Stats::stuck`](crate::Stats::stuck) for both backends and the CLI's `--stuck`.
+    /// behind [`Stats::stuck`](crate::admin::Stats::stuck) for both backends and the CLI's `--stuck`.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Store, Timestamp};
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, ManualClock, Store, Timestamp};
     ///
     /// let clock = ManualClock::new(Timestamp::EPOCH);
     /// let store = Store::builder().clock(clock.clone()).open_in_memory()?;
     /// let key = Key::new("k")?;
     /// let Claim::Acquired(_lease) = store.claim(&key, Fingerprint::of(["r"]))? else { panic!() };
     /// clock.advance(store.settings().lease());
-    /// assert!(store.lookup(&key)?.is_some_and(|view| view.is_stuck(store.now())));
+    /// let now = store.now()?;
+    /// assert!(store.lookup(&key)?.is_some_and(|view| view.is_stuck(now)));
     /// # Ok::<(), idempotency_store::Error>(())
     /// ```
     #[must_use]
@@ -329,7 +330,7 @@ pub enum RecordState {
     },
 }
 
-/// What [`Store::force_release`](crate::Store::force_release) did.
+/// What [`Store::force_release`](crate::IdempotencyStore::force_release) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForceRelease {

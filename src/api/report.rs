@@ -40,13 +40,14 @@ pub struct Stats {
     pub file_bytes: Option<u64>,
 }
 
-/// One record with its key, as [`Store::records`](crate::Store::records) yields it.
+/// One record with its key, as [`IdempotencyStore::records`](crate::IdempotencyStore::records)
+/// yields it on every backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoredRecord {
     /// The record's key (with its scope).
     pub key: Key,
     /// The record, expired or not: compare [`RecordView::expires_at`] with
-    /// [`Store::now`](crate::Store::now).
+    /// [`IdempotencyStore::now`](crate::IdempotencyStore::now).
     pub record: RecordView,
 }

@@ -5,10 +5,10 @@ use std::time::Duration;
 use crate::api::key::{Key, MAX_KEY_LEN};
 use crate::error::{Error, Result};
 
-/// The settings both backends share: what a record keeps and for how long, and the size limits
-/// of keys and responses. [`StoreBuilder`](crate::StoreBuilder) and `PgStoreBuilder` (feature
-/// `postgres`) each embed one, set it through their setters, and their stores return it from
-/// `settings()`:
+/// The settings both backends share: what a record keeps and for how long, the size limits of
+/// keys and responses, and the quotas. [`StoreBuilder`](crate::StoreBuilder) and
+/// `PgStoreBuilder` (feature `postgres`) each embed one and set it through the same setters
+/// (written once for both), and their stores return it from `settings()`:
 ///
 /// ```
 /// use idempotency_store::Store;
@@ -26,6 +26,9 @@ pub struct Settings {
     pub(crate) max_key_len: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) trace_keys: bool,
+    pub(crate) max_records: Option<u64>,
+    pub(crate) max_bytes: Option<u64>,
+    pub(crate) when_full: WhenFull,
 }
 
 impl Default for Settings {
@@ -36,6 +39,9 @@ impl Default for Settings {
             max_key_len: MAX_KEY_LEN,
             max_response_bytes: 1 << 20,
             trace_keys: false,
+            max_records: None,
+            max_bytes: None,
+            when_full: WhenFull::Refuse,
         }
     }
 }
@@ -65,7 +71,7 @@ impl Settings {
         self.lease
     }
 
-    /// The longest key (and scope) accepted, in bytes, at most [`MAX_KEY_LEN`]. Default: 255.
+    /// The longest key (and scope) accepted, in bytes, at most 255. Default: 255.
     #[must_use]
     pub fn max_key_len(&self) -> usize {
         self.max_key_len
@@ -76,6 +82,30 @@ impl Settings {
     #[must_use]
     pub fn max_response_bytes(&self) -> usize {
         self.max_response_bytes
+    }
+
+    /// The most records the store holds (any state, expired ones included until swept), if
+    /// limited. Default: no limit.
+    #[must_use]
+    pub fn max_records(&self) -> Option<u64> {
+        self.max_records
+    }
+
+    /// The most bytes of stored keys and records, if limited. Default: no limit.
+    #[must_use]
+    pub fn max_bytes(&self) -> Option<u64> {
+        self.max_bytes
+    }
+
+    /// What a claim of a new key does when a quota is reached. Default: [`WhenFull::Refuse`].
+    #[must_use]
+    pub fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    /// Whether a quota is set.
+    pub(crate) fn has_quota(&self) -> bool {
+        self.max_records.is_some() || self.max_bytes.is_some()
     }
 
     /// Rejects out-of-range values with [`Error::InvalidConfig`].
@@ -106,6 +136,95 @@ impl Settings {
         Ok(())
     }
 }
+
+/// The setters of the settings every builder shares, written once: each builder invokes it in
+/// its `impl` with the name of its [`Settings`] field (it also needs a field `clock: Option<Arc<dyn
+/// Clock>>`), so `StoreBuilder` and `PgStoreBuilder` offer the same setters, with the same
+/// documentation, as inherent methods.
+macro_rules! shared_setters {
+    ($settings:ident) => {
+        /// Sets [`Settings::retention`](crate::Settings::retention): how long a completed
+        /// record replays. Defaults to 24 hours.
+        pub fn retention(&mut self, retention: std::time::Duration) -> &mut Self {
+            self.$settings.retention = retention;
+            self
+        }
+
+        /// Sets [`Settings::lease`](crate::Settings::lease): how long a claim holds the key
+        /// before another caller may take it over; `heartbeat` extends it. Defaults to 10
+        /// seconds.
+        pub fn lease(&mut self, lease: std::time::Duration) -> &mut Self {
+            self.$settings.lease = lease;
+            self
+        }
+
+        /// Sets [`Settings::max_key_len`](crate::Settings::max_key_len): the longest key
+        /// accepted, in bytes, at most 255. Defaults to 255.
+        pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
+            self.$settings.max_key_len = bytes;
+            self
+        }
+
+        /// Sets [`Settings::max_response_bytes`](crate::Settings::max_response_bytes): the
+        /// largest response or recovery point accepted. Defaults to 1 MiB.
+        pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
+            self.$settings.max_response_bytes = bytes;
+            self
+        }
+
+        /// The most records the store holds (any state, expired ones included until swept).
+        /// A claim of a new key beyond it first deletes expired records, then follows
+        /// [`when_full`](Self::when_full), failing with
+        /// [`Error::QuotaExceeded`](crate::Error::QuotaExceeded) by default. Defaults to no
+        /// limit.
+        ///
+        /// On PostgreSQL the limit applies to the table, or to each scope with
+        /// `per_scope_quotas`; the first store connecting with a quota turns usage counting on
+        /// for its schema (a trigger keeps sharded per-scope counters in `idempotency_usage`,
+        /// and every writer of the schema maintains them from then on), and the check is made
+        /// before the claim, not under a lock, so instances claiming new keys at the same
+        /// moment can pass the limit by up to the number of such claims in flight.
+        pub fn max_records(&mut self, records: u64) -> &mut Self {
+            self.$settings.max_records = Some(records);
+            self
+        }
+
+        /// The most bytes of stored keys and records (not counting the backend's own overhead:
+        /// roughly half again on top for redb). Checked when a new key is claimed, as
+        /// [`max_records`](Self::max_records) is; completions of keys already claimed are never
+        /// refused, so the store can pass the limit by up to the number of in-flight claims
+        /// times `max_response_bytes`. Defaults to no limit.
+        pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
+            self.$settings.max_bytes = Some(bytes);
+            self
+        }
+
+        /// What a claim of a new key does when a quota is reached. Defaults to
+        /// [`WhenFull::Refuse`](crate::WhenFull::Refuse).
+        pub fn when_full(&mut self, policy: $crate::api::settings::WhenFull) -> &mut Self {
+            self.$settings.when_full = policy;
+            self
+        }
+
+        /// Whether `tracing` events (feature `tracing`) may show keys. Keys can be personal
+        /// data, so by default events say `<hidden>` instead. Defaults to false.
+        pub fn trace_keys(&mut self, show: bool) -> &mut Self {
+            self.$settings.trace_keys = show;
+            self
+        }
+
+        /// The time source for leases and expiry, for example a
+        /// [`ManualClock`](crate::ManualClock) in tests. Defaults to the system clock
+        /// ([`SystemClock`](crate::SystemClock)) for the redb `Store`, and to the database
+        /// server's clock for `PgStore`: leave it unset there in production, so that instances
+        /// with skewed clocks still agree on when leases lapse.
+        pub fn clock(&mut self, clock: impl $crate::api::clock::Clock) -> &mut Self {
+            self.clock = Some(std::sync::Arc::new(clock));
+            self
+        }
+    };
+}
+pub(crate) use shared_setters;
 
 /// An [`Error::InvalidConfig`] with `reason`.
 pub(crate) fn invalid_config<T>(reason: &str) -> Result<T> {

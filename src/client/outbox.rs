@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::api::backend::IdempotencyStore;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::outcome::{Claim, ClaimId, RecordState, RecordView};
@@ -73,7 +74,7 @@ impl Outbox {
     ) -> Result<Begun> {
         let record = Key::scoped(SCOPE, operation_id)?;
         let minted = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
-        let seed = State::new(minted, self.store.now());
+        let seed = State::new(minted, self.store.now()?);
         let claim =
             self.store
                 .claim_seeded(&record, fingerprint, claim_id(&record), seed.encode()?)?;
@@ -113,7 +114,7 @@ impl Outbox {
     /// # Errors
     /// The store's errors; [`Error::LeaseLost`] only if the intent was finished meanwhile.
     pub fn start(&self, intent: &mut Intent) -> Result<u32> {
-        let number = intent.state.start(self.store.now());
+        let number = intent.state.start(self.store.now()?);
         self.save(intent)?;
         Ok(number)
     }
@@ -150,7 +151,7 @@ impl Outbox {
     /// # Errors
     /// The store's errors, and [`Error::Corrupted`] for a record that does not decode.
     pub fn pending(&self) -> Result<Vec<Pending>> {
-        let now = self.store.now();
+        let now = self.store.now()?;
         let mut out = Vec::new();
         for stored in self.store.records()? {
             let stored = stored?;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::response::Response;
 use crate::client::intent::{Intent, Sent};
@@ -236,18 +237,18 @@ impl Outbox {
         policy: &RetryPolicy,
         mut call: impl FnMut(&str, u32) -> std::result::Result<Response, Failure<E>>,
     ) -> Result<Delivery<E>> {
-        let started = self.store().now();
+        let started = self.store().now()?;
         let forget_at = intent.begun_at().plus(millis(policy.key_lifetime));
         let mut sent = 0;
         loop {
-            if self.store().now() >= forget_at {
+            if self.store().now()? >= forget_at {
                 return Ok(Delivery::NeedsReconciliation);
             }
             let number = self.start(intent)?;
             sent += 1;
             let result = call(intent.key(), number);
             self.record(intent, sent_as(&result))?;
-            let now = self.store().now();
+            let now = self.store().now()?;
             let (hint, last) = match result {
                 Ok(answer) => match verdict(policy, &answer, now) {
                     Verdict::Final => {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
-use super::options::{HandleOptions, Release, Takeover};
+use super::options::{HandleOptions, NotFinal, Takeover};
 use super::prefer::PREFERENCE_APPLIED;
 use super::view::RequestView;
 use super::{
@@ -271,7 +271,7 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
     started: Instant,
 ) -> Answer {
     options.durations.record(&ticket.route, started.elapsed());
-    let releases = response.extensions().get::<Release>().is_some()
+    let releases = response.extensions().get::<NotFinal>().is_some()
         || options.finality.releases(response.status());
     if releases {
         match once_more(|| store.release(lease)) {

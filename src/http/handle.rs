@@ -55,7 +55,7 @@ use crate::api::outcome::Lease;
 ///
 /// By default every answer the handler returns is final: stored and replayed to every retry,
 /// errors included (the IETF draft's and Stripe's rule). A response marked with
-/// [`Release`](super::Release) (see [`release`](super::release)), or one that the
+/// [`NotFinal`](super::NotFinal) (see [`not_final`](super::not_final)), or one that the
 /// [`finality`](HandleOptions::finality) rule releases, is sent to the client but not stored:
 /// the key is released and the next retry runs the handler afresh.
 ///

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use idempotency_store::http::{self as idem, Decision, Problem};
-//! use idempotency_store::{Response, Store};
+//! use idempotency_store::{IdempotencyStore, Response, Store};
 //!
 //! fn handle(store: &Store, request: &http::Request<Vec<u8>>) -> http::Response<Vec<u8>> {
 //!     // 400 for a missing or malformed key, before the store is touched.
@@ -17,7 +17,11 @@
 //!         Ok(claim) => claim,
 //!         Err(err) => return Problem::from_error(&err).to_http(),
 //!     };
-//!     let lease = match idem::decide(claim, store.now()) {
+//!     let now = match store.now() {
+//!         Ok(now) => now,
+//!         Err(err) => return Problem::from_error(&err).to_http(),
+//!     };
+//!     let lease = match idem::decide(claim, now) {
 //!         Ok(Decision::Run(lease)) => lease,
 //!         Ok(Decision::Respond(answer)) => return answer, // replay, 409 or 422
 //!         _ => return Problem::internal().to_http(), // a stored response http rejects
@@ -181,7 +185,8 @@ pub use self::handle::handle;
 pub use self::heartbeat::LeaseWatch;
 pub use self::key::{IDEMPOTENCY_KEY, KeyError, key_from_headers, parse_key};
 pub use self::options::{
-    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, Release, Takeover, release,
+    BoxError, CompleteHook, DEFAULT_MAX_BODY, Finality, HandleOptions, NotFinal, Takeover,
+    not_final,
 };
 pub use self::policy::{FingerprintPolicy, STRUCTURED_VERSION};
 pub use self::problem::{Problem, QUOTA_RETRY_AFTER_SECS, problem_type};

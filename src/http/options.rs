@@ -16,24 +16,24 @@ use crate::api::response::Response;
 /// A boxed error of a completion hook or of a response body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Marks a handler's response as "release the key, let the retry run afresh": insert it into
-/// the response's extensions (`response.extensions_mut().insert(Release)`) or use
-/// [`release`]. The client gets the response; nothing is stored. Use it for answers that
+/// Marks a handler's response as not final: the client gets it, nothing is stored, and the key
+/// is released so that the retry runs afresh. Insert it into the response's extensions
+/// (`response.extensions_mut().insert(NotFinal)`) or use [`not_final`]. Use it for answers that
 /// changed nothing, for example a validation error the client will fix, or a dependency that
 /// was unreachable before any side effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Release;
+pub struct NotFinal;
 
-/// `response`, marked with [`Release`].
+/// `response`, marked with [`NotFinal`]: given to the client, not stored, the key released.
 #[must_use]
-pub fn release<B>(mut response: ::http::Response<B>) -> ::http::Response<B> {
-    response.extensions_mut().insert(Release);
+pub fn not_final<B>(mut response: ::http::Response<B>) -> ::http::Response<B> {
+    response.extensions_mut().insert(NotFinal);
     response
 }
 
 /// Which handler answers are final (stored and replayed) and which release the key.
 ///
-/// A response marked with [`Release`] always releases; the rule decides for the others.
+/// A response marked with [`NotFinal`] always releases the key; the rule decides for the others.
 #[derive(Clone, Default)]
 pub enum Finality {
     /// Every answer the handler returned is the answer, errors included (the IETF draft's

@@ -97,7 +97,7 @@ pub enum Decision {
 
 /// Maps a claim to the IETF draft's answers: [`Claim::Acquired`] → [`Decision::Run`];
 /// [`Claim::Completed`] → the [`replay`]; [`Claim::InProgress`] → 409 with `Retry-After`
-/// counted from `now` (pass [`Store::now`](crate::Store::now)); [`Claim::Mismatch`] → 422.
+/// counted from `now` (pass [`Store::now`](crate::IdempotencyStore::now)); [`Claim::Mismatch`] → 422.
 ///
 /// # Errors
 /// [`InvalidResponse`] if the stored response of a replay cannot be sent over HTTP (answer
@@ -143,7 +143,7 @@ mod tests {
     use crate::api::key::Key;
     use crate::http::problem_type;
     use crate::http::testing::{assert_problem, retry_after};
-    use crate::{ManualClock, Store};
+    use crate::{IdempotencyStore, ManualClock, Store};
 
     fn sample() -> Response {
         Response::new(201, r#"{"id":"pay_1"}"#)
@@ -221,18 +221,18 @@ mod tests {
             .expect("request");
         let fp = fingerprint(&request);
 
-        let Ok(Decision::Run(lease)) = decide(store.claim(&key, fp)?, store.now()) else {
+        let Ok(Decision::Run(lease)) = decide(store.claim(&key, fp)?, store.now()?) else {
             panic!("a fresh key runs");
         };
         clock.advance(Duration::from_millis(400));
-        let Ok(Decision::Respond(busy)) = decide(store.claim(&key, fp)?, store.now()) else {
+        let Ok(Decision::Respond(busy)) = decide(store.claim(&key, fp)?, store.now()?) else {
             panic!("in progress");
         };
         assert_problem(&busy, 409, problem_type::IN_PROGRESS);
         assert_eq!(retry_after(&busy), Some("3")); // 2.1 s left, rounded up
 
         store.complete(&lease, sample())?;
-        let Ok(Decision::Respond(replayed)) = decide(store.claim(&key, fp)?, store.now()) else {
+        let Ok(Decision::Respond(replayed)) = decide(store.claim(&key, fp)?, store.now()?) else {
             panic!("completed");
         };
         assert_eq!(replayed.status(), 201);
@@ -244,7 +244,7 @@ mod tests {
                 .body(b"{ }".to_vec())
                 .expect("req"),
         );
-        let Ok(Decision::Respond(reused)) = decide(store.claim(&key, other)?, store.now()) else {
+        let Ok(Decision::Respond(reused)) = decide(store.claim(&key, other)?, store.now()?) else {
             panic!("mismatch");
         };
         assert_problem(&reused, 422, problem_type::KEY_REUSED);
@@ -255,7 +255,7 @@ mod tests {
             panic!("fresh");
         };
         store.complete(&lease, Response::new(7, ""))?;
-        assert!(decide(store.claim(&bad_key, fp)?, store.now()).is_err());
+        assert!(decide(store.claim(&bad_key, fp)?, store.now()?).is_err());
         Ok(())
     }
 

@@ -8,36 +8,34 @@ use super::PgStore;
 use super::lock::{after_lock, key_lock};
 use super::rows::{RECORD_COLUMNS, col, parts, pg, record_from};
 use super::typed::Query;
+#[cfg(doc)]
+use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::outcome::{ForceRelease, RecordState, RecordView};
 use crate::api::record::Record;
+use crate::api::records::Records;
+use crate::api::report::StoredRecord;
 use crate::error::{Error, Result};
 
-/// Records fetched per round trip by [`PgStore::records`].
+/// Records fetched per round trip by the walk.
 const PAGE: i64 = 500;
 
 /// How often `force_release` starts over when a claim replaced the record under it.
 const FORCE_RELEASE_ROUNDS: usize = 8;
 
-/// An iterator over every record of a [`PgStore`], in key order (scope, then key), expired ones
-/// included. Created by [`PgStore::records`].
-///
-/// It reads pages of records in separate statements, so it is not one snapshot: records
-/// written or deleted during the walk may or may not be seen, but none is seen twice. A
-/// record that does not decode yields [`Error::Corrupted`] naming its key and the walk goes
-/// on; a failed statement yields its error and ends the walk.
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+/// The PostgreSQL walk behind [`IdempotencyStore::records`]: pages of records in key order
+/// (scope, then key), each page its own statement.
 #[derive(Debug)]
-pub struct PgRecords<'store> {
+struct Walk<'store> {
     store: &'store PgStore,
     /// The last key read, `None` once the walk has ended.
     after: Option<(String, String)>,
     page: std::vec::IntoIter<Row>,
 }
 
-impl Iterator for PgRecords<'_> {
-    type Item = Result<(Key, RecordView)>;
+impl Iterator for Walk<'_> {
+    type Item = Result<StoredRecord>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -57,8 +55,8 @@ impl Iterator for PgRecords<'_> {
     }
 }
 
-impl PgRecords<'_> {
-    fn decode(&mut self, row: &Row) -> Result<(Key, RecordView)> {
+impl Walk<'_> {
+    fn decode(&mut self, row: &Row) -> Result<StoredRecord> {
         let scope: String = col(row, 0)?;
         let name: String = col(row, 1)?;
         if let Some(after) = &mut self.after {
@@ -82,20 +80,19 @@ impl PgRecords<'_> {
         }
         .map_err(damaged)?;
         match record_from(row, 2).map_err(damaged)? {
-            Some(record) => Ok((key, record.into_view())),
+            Some(record) => Ok(StoredRecord {
+                key,
+                record: record.into_view(),
+            }),
             None => Err(Error::corrupted(format!("record {shown:?} has no state"))),
         }
     }
 }
 
 impl PgStore {
-    /// Walks every record, expired ones included, in key order; see [`PgRecords`]. For
-    /// operator tools such as a listing or an export.
-    ///
-    /// # Errors
-    /// None at the start; errors met during the walk are items of the iterator.
-    pub fn records(&self) -> Result<PgRecords<'_>> {
-        Ok(PgRecords {
+    /// Every record, expired ones included, in key order.
+    pub(super) fn records(&self) -> Records<'_> {
+        Records::new(Walk {
             store: self,
             after: Some((String::new(), String::new())),
             page: Vec::new().into_iter(),
@@ -119,14 +116,8 @@ impl PgStore {
         format!("\"{}\".idempotency_keys", self.settings.schema)
     }
 
-    /// The key's record, expired or not: like
-    /// [`lookup`](crate::IdempotencyStore::lookup), but an expired record that no sweep has
-    /// deleted yet is returned too (compare its `expires_at` with [`now`](PgStore::now)). For
-    /// operator tools.
-    ///
-    /// # Errors
-    /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
-    pub fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+    /// The key's record, expired or not.
+    pub(super) fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
         self.check_key(key)?;
         let (scope, name) = parts(key);
         let now = self.now_param();
@@ -139,15 +130,8 @@ impl PgStore {
         })
     }
 
-    /// Deletes the key's **in-progress**, unexpired record without holding its lease, so that
-    /// the next claim runs the operation afresh; completed records are never deleted. For an
-    /// operator un-sticking a key. **Danger: this bypasses fencing**, exactly as
-    /// [`Store::force_release`](crate::Store::force_release) explains: if the holder is still
-    /// running, a retry runs the operation a second time.
-    ///
-    /// # Errors
-    /// [`Error::Corrupted`] if the record does not decode; [`Error::Storage`].
-    pub fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+    /// Deletes the key's in-progress, unexpired record without its lease.
+    pub(super) fn force_release(&self, key: &Key) -> Result<ForceRelease> {
         self.check_key(key)?;
         let (scope, name) = parts(key);
         let sql = Query::new(format!(
@@ -176,7 +160,7 @@ impl PgStore {
                     ),
                 });
             }
-            let now = self.now()?;
+            let now = self.read_now()?;
             match self.inspect(key)? {
                 Some(record) if record.expires_at <= now => return Ok(ForceRelease::NotFound),
                 None => return Ok(ForceRelease::NotFound),

@@ -17,7 +17,7 @@ use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sy
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Counters;
 use crate::api::series;
-use crate::api::settings::{Settings, WhenFull, invalid_config};
+use crate::api::settings::{Settings, invalid_config};
 use crate::api::trace;
 use crate::error::{Error, Result};
 
@@ -34,9 +34,6 @@ pub struct PgStoreBuilder {
     pub(super) connection_timeout: Duration,
     pub(super) schema: String,
     pub(super) clock: Option<Arc<dyn Clock>>,
-    pub(super) max_records: Option<u64>,
-    pub(super) max_bytes: Option<u64>,
-    pub(super) when_full: WhenFull,
     pub(super) per_scope_quotas: bool,
     pub(super) migrate: bool,
     pub(super) require_failover_safe: bool,
@@ -51,9 +48,6 @@ impl Default for PgStoreBuilder {
             connection_timeout: Duration::from_secs(30),
             schema: "public".to_owned(),
             clock: None,
-            max_records: None,
-            max_bytes: None,
-            when_full: WhenFull::Refuse,
             per_scope_quotas: false,
             migrate: true,
             require_failover_safe: false,
@@ -70,9 +64,6 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("schema", &self.schema)
             .field("injected_clock", &self.clock.is_some())
-            .field("max_records", &self.max_records)
-            .field("max_bytes", &self.max_bytes)
-            .field("when_full", &self.when_full)
             .field("per_scope_quotas", &self.per_scope_quotas)
             .field("migrate", &self.migrate)
             .field("require_failover_safe", &self.require_failover_safe)
@@ -88,32 +79,7 @@ impl PgStoreBuilder {
         Self::default()
     }
 
-    /// Sets [`Settings::retention`]: how long a completed record replays. Defaults to 24 hours.
-    pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.shared.retention = retention;
-        self
-    }
-
-    /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
-    /// it over. Defaults to 10 seconds.
-    pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.shared.lease = lease;
-        self
-    }
-
-    /// Sets [`Settings::max_key_len`]: the longest key accepted, in bytes, at most 255.
-    /// Defaults to 255.
-    pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
-        self.shared.max_key_len = bytes;
-        self
-    }
-
-    /// Sets [`Settings::max_response_bytes`]: the largest response or recovery point accepted.
-    /// Defaults to 1 MiB.
-    pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.shared.max_response_bytes = bytes;
-        self
-    }
+    crate::api::settings::shared_setters!(shared);
 
     /// Whether each pooled connection prepares the store's statements once (named prepared
     /// statements that live as long as the connection). Defaults to `true`.
@@ -158,48 +124,6 @@ impl PgStoreBuilder {
         self
     }
 
-    /// A time source replacing the database server's clock, for tests (for example a
-    /// [`ManualClock`](crate::ManualClock)). In production leave it unset: with the server's
-    /// clock, instances with skewed clocks still agree on when leases lapse.
-    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// The most records the table holds (any state, expired ones included until swept), or
-    /// with [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. A claim of a new
-    /// key beyond it first deletes expired records, then follows
-    /// [`when_full`](PgStoreBuilder::when_full), failing with [`Error::QuotaExceeded`] as the
-    /// redb store does. Defaults to no limit.
-    ///
-    /// The first store connecting with a quota turns usage counting on for its schema: a
-    /// trigger keeps per-scope counters (sharded, so that concurrent writers rarely wait on
-    /// one row) in `idempotency_usage`, and every writer of the schema maintains them from
-    /// then on, whatever its own settings. The check is made before the claim, not under a
-    /// lock: instances claiming new keys at the same moment can pass the limit by up to the
-    /// number of such claims in flight.
-    pub fn max_records(&mut self, records: u64) -> &mut Self {
-        self.max_records = Some(records);
-        self
-    }
-
-    /// The most bytes of keys, scopes, fingerprints, checkpoints and responses (not counting
-    /// PostgreSQL's own overhead), in the table or with
-    /// [`per_scope_quotas`](PgStoreBuilder::per_scope_quotas) each scope. Checked when a new
-    /// key is claimed, as [`max_records`](PgStoreBuilder::max_records) is; completions are
-    /// never refused. Defaults to no limit.
-    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
-        self.max_bytes = Some(bytes);
-        self
-    }
-
-    /// What a claim of a new key does when a quota is reached. Defaults to
-    /// [`WhenFull::Refuse`].
-    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
-        self.when_full = policy;
-        self
-    }
-
     /// Whether `max_records` and `max_bytes` apply to each scope (tenant) on its own, rather
     /// than to the whole table; eviction then takes only the full scope's records. Defaults
     /// to `false`.
@@ -231,10 +155,10 @@ impl PgStoreBuilder {
     }
 
     fn limits(&self) -> Option<quota::Limits> {
-        (self.max_records.is_some() || self.max_bytes.is_some()).then_some(quota::Limits {
-            max_records: self.max_records,
-            max_bytes: self.max_bytes,
-            when_full: self.when_full,
+        self.shared.has_quota().then_some(quota::Limits {
+            max_records: self.shared.max_records,
+            max_bytes: self.shared.max_bytes,
+            when_full: self.shared.when_full,
             per_scope: self.per_scope_quotas,
         })
     }

@@ -109,7 +109,7 @@ pub(super) fn replicated(client: &mut impl GenericClient) -> Result<()> {
 
 impl Unmetered for PgStore {
     fn now(&self) -> Result<Timestamp> {
-        PgStore::now(self)
+        PgStore::read_now(self)
     }
 
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {

@@ -25,13 +25,13 @@ impl PgStore {
     ///
     /// `effect` must be `Send`: inside a tokio runtime the call runs on a helper thread (see
     /// [`PgStore`]'s section on async services). It gets a
-    /// [`postgres::Transaction`](::postgres::Transaction) on the store's connection (the crate
-    /// re-exports [`postgres`](crate::postgres) so the versions match), at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
+    /// [`postgres::Transaction`] on the store's connection (the crate
+    /// re-exports [`postgres`] so the versions match), at READ COMMITTED. Do not commit it, and return its errors: a statement that failed
     /// aborts the transaction, and the call then fails with [`Error::Storage`] when it stores
     /// the response, committing nothing.
     ///
     /// ```no_run
-    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, pg::PgStore, Response};
     ///
     /// let store = PgStore::connect("host=127.0.0.1 user=idem password=idem dbname=idem")?;
     /// let Claim::Acquired(lease) = store.claim(&Key::new("charge-1")?, Fingerprint::of(["4999"]))?
@@ -40,7 +40,7 @@ impl PgStore {
     /// };
     /// store.complete_with(&lease, Response::new(201, "charged"), |tx| {
     ///     tx.execute("INSERT INTO ledger (key, amount) VALUES ($1, $2)", &[&"charge-1", &4999i64])?;
-    ///     Ok::<_, idempotency_store::postgres::Error>(())
+    ///     Ok::<_, idempotency_store::pg::postgres::Error>(())
     /// })??;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -125,7 +125,7 @@ impl PgStore {
     /// [`complete_with`](PgStore::complete_with)): every statement in it sees one snapshot.
     ///
     /// ```no_run
-    /// use idempotency_store::PgStore;
+    /// use idempotency_store::pg::PgStore;
     ///
     /// let store = PgStore::connect("host=127.0.0.1 user=idem password=idem dbname=idem")?;
     /// let rows: i64 = store.read_with(|tx| {

@@ -9,7 +9,8 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::{Call, Metrics};
-use crate::api::outcome::{Claim, ClaimId, Lease, RecordView};
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView};
+use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::trace;
@@ -31,29 +32,26 @@ pub(crate) trait Unmetered {
     fn stats(&self) -> Result<Stats>;
 }
 
-impl crate::pg::PgStoreBuilder {
-    /// Whether `tracing` events (feature `tracing`) may show keys. Keys can be personal data,
-    /// so by default events say `<hidden>` instead. Defaults to false.
-    pub fn trace_keys(&mut self, show: bool) -> &mut Self {
-        self.shared.trace_keys = show;
-        self
-    }
-}
-
-impl PgStore {
-    /// What this store has done since it was created, under the same names as
-    /// [`Store::metrics`](crate::Store::metrics): claims by outcome, settling calls, errors by
-    /// kind, latencies. Counts this process's calls only (other instances sharing the table
-    /// keep their own). Cheap: it reads counters and runs no query.
-    #[must_use]
-    pub fn metrics(&self) -> Metrics {
-        self.metrics.snapshot()
-    }
-}
-
 impl IdempotencyStore for PgStore {
     fn now(&self) -> Result<Timestamp> {
         Unmetered::now(self)
+    }
+
+    /// Counts this process's calls only (other instances sharing the table keep their own).
+    fn metrics(&self) -> Metrics {
+        self.metrics.snapshot()
+    }
+
+    fn records(&self) -> Result<Records<'_>> {
+        Ok(PgStore::records(self))
+    }
+
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        PgStore::inspect(self, key)
+    }
+
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        PgStore::force_release(self, key)
     }
 
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {

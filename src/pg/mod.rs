@@ -19,13 +19,16 @@ use crate::api::metrics::Counters;
 use crate::api::outcome::Claim;
 use crate::api::settings::Settings;
 use crate::error::{Error, Result};
-pub use admin::PgRecords;
 pub use builder::PgStoreBuilder;
 use conn::Manager;
 use conn::Templates;
 pub use replication::FailoverSafety;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
+
+/// The `postgres` client version [`PgStore`] uses, for the transactions of
+/// [`PgStore::complete_with`] and [`PgStore::read_with`].
+pub use ::postgres;
 
 mod admin;
 mod blocking;
@@ -58,7 +61,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// is `Send + Sync`, so share one per process (for example in an `Arc`).
 ///
 /// ```no_run
-/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, PgStore, Response};
+/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, pg::PgStore, Response};
 ///
 /// let store = PgStore::builder()
 ///     .pool_size(16)
@@ -92,7 +95,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// modes trust must say `basicConstraints = CA:FALSE` (or come from a CA of its own).
 ///
 /// ```no_run
-/// # use idempotency_store::PgStore;
+/// # use idempotency_store::pg::PgStore;
 /// let store = PgStore::connect(
 ///     "postgresql://idem:idem@db.internal/idem?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
 /// )?;
@@ -190,7 +193,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// of a key that a sweep holds waits for the sweep's statement to commit). As a sweep holds
 /// one lock per record to its commit, and PostgreSQL's lock table is shared and bounded
 /// (`max_locks_per_transaction`, 64 per connection slot by default), `sweep(n)` deletes in
-/// statements of at most 64 records each ([`SWEEP_BATCH`]), and runs another when a statement
+/// statements of at most 64 records each, and runs another when a statement
 /// skipped a key being claimed; an error keeps what earlier statements of the call deleted.
 ///
 /// [`complete_with`](PgStore::complete_with) is one transaction: the fenced record is locked
@@ -237,7 +240,7 @@ pub struct PgStore {
     limits: Option<quota::Limits>,
     /// The server's failover safety when the store connected.
     failover: FailoverSafety,
-    /// What this store has done, for `PgStore::metrics`.
+    /// What this store has done, for its `metrics`.
     metrics: Counters,
 }
 
@@ -266,10 +269,7 @@ impl PgStore {
 
     /// The store's current time: the injected clock's (never going backwards), or else the
     /// database server's.
-    ///
-    /// # Errors
-    /// [`Error::Storage`] if the server cannot be asked.
-    pub fn now(&self) -> Result<Timestamp> {
+    fn read_now(&self) -> Result<Timestamp> {
         if let Some(now) = self.injected_now() {
             return Ok(Timestamp::from_millis(now));
         }

@@ -1,4 +1,4 @@
-//! TLS for [`PgStore`](crate::PgStore): `sslmode` and `sslrootcert` read from the connection
+//! TLS for [`PgStore`](crate::pg::PgStore): `sslmode` and `sslrootcert` read from the connection
 //! string as libpq reads them, and the rustls connector they configure.
 //!
 //! `tokio-postgres` knows only `disable`, `prefer` and `require` and rejects `sslrootcert`, so

@@ -1,4 +1,5 @@
-//! The redb [`Store`] as an [`IdempotencyStore`]: every call forwards to the inherent method.
+//! The redb [`Store`] as an [`IdempotencyStore`]: the request path forwards to the inherent
+//! methods; the operator calls, which only the trait offers, are in `admin.rs` and `metrics.rs`.
 
 use std::time::Duration;
 
@@ -6,11 +7,13 @@ use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, ClaimId, Lease, RecordView, Replay};
+use crate::api::metrics::Metrics;
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
+use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::Result;
-use crate::store::Store;
+use crate::store::{Store, admin, metrics};
 
 impl IdempotencyStore for Store {
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
@@ -30,7 +33,23 @@ impl IdempotencyStore for Store {
     }
 
     fn now(&self) -> Result<Timestamp> {
-        Ok(Store::now(self))
+        Ok(self.engine.now())
+    }
+
+    fn metrics(&self) -> Metrics {
+        metrics::snapshot(self)
+    }
+
+    fn records(&self) -> Result<Records<'_>> {
+        admin::records(self)
+    }
+
+    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
+        admin::inspect(self, key)
+    }
+
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        admin::force_release(self, key)
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {

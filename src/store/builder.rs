@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::api::clock::{Clock, SystemClock, millis};
 use crate::api::settings::{Settings, WhenFull, invalid_config};
@@ -58,10 +57,7 @@ pub struct StoreBuilder {
     pub(crate) cache_size: usize,
     pub(crate) max_batch: usize,
     pub(crate) log_size: u64,
-    pub(crate) max_records: Option<u64>,
-    pub(crate) max_bytes: Option<u64>,
-    pub(crate) when_full: WhenFull,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) create_if_missing: bool,
     pub(crate) portable_log_sync: bool,
     pub(crate) effects: Registry,
@@ -77,10 +73,7 @@ impl Default for StoreBuilder {
             cache_size: 8 << 20,
             max_batch: 128,
             log_size: layout::DEFAULT_LOG_LEN,
-            max_records: None,
-            max_bytes: None,
-            when_full: WhenFull::Refuse,
-            clock: Arc::new(SystemClock),
+            clock: None,
             replay_cache: 4 << 20,
             create_if_missing: true,
             portable_log_sync: false,
@@ -98,9 +91,7 @@ impl std::fmt::Debug for StoreBuilder {
             .field("cache_size", &self.cache_size)
             .field("max_batch", &self.max_batch)
             .field("log_size", &self.log_size)
-            .field("max_records", &self.max_records)
-            .field("max_bytes", &self.max_bytes)
-            .field("when_full", &self.when_full)
+            .field("injected_clock", &self.clock.is_some())
             .field("create_if_missing", &self.create_if_missing)
             .field("portable_log_sync", &self.portable_log_sync)
             .field("effect_tables", &self.effects)
@@ -117,36 +108,11 @@ impl StoreBuilder {
         Self::default()
     }
 
-    /// Sets [`Settings::retention`]: how long a completed record replays. Defaults to 24 hours.
-    pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.settings.retention = retention;
-        self
-    }
-
-    /// Sets [`Settings::lease`]: how long a claim holds the key before another caller may take
-    /// it over. Extend it with [`Store::heartbeat`]. Defaults to 10 seconds.
-    pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.settings.lease = lease;
-        self
-    }
+    crate::api::settings::shared_setters!(settings);
 
     /// How commits reach the disk. Defaults to [`Durability::Immediate`].
     pub fn durability(&mut self, durability: Durability) -> &mut Self {
         self.durability = durability;
-        self
-    }
-
-    /// Sets [`Settings::max_key_len`]: the longest key accepted, in bytes, at most 255.
-    /// Defaults to 255.
-    pub fn max_key_len(&mut self, bytes: usize) -> &mut Self {
-        self.settings.max_key_len = bytes;
-        self
-    }
-
-    /// Sets [`Settings::max_response_bytes`]: the largest response or recovery point accepted.
-    /// Defaults to 1 MiB.
-    pub fn max_response_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.settings.max_response_bytes = bytes;
         self
     }
 
@@ -194,35 +160,6 @@ impl StoreBuilder {
     /// Defaults to 1 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
-        self
-    }
-
-    /// The most records the store holds (any state, expired ones included until swept). A
-    /// claim of a new key beyond it first deletes expired records, then follows
-    /// [`when_full`](StoreBuilder::when_full). Defaults to no limit.
-    pub fn max_records(&mut self, records: u64) -> &mut Self {
-        self.max_records = Some(records);
-        self
-    }
-
-    /// The most bytes of stored keys and records (not counting redb's own overhead, roughly
-    /// half again on top). Checked when a new key is claimed; completions of keys already
-    /// claimed are never refused, so the store can pass the limit by up to the number of
-    /// in-flight claims times `max_response_bytes`. Defaults to no limit.
-    pub fn max_bytes(&mut self, bytes: u64) -> &mut Self {
-        self.max_bytes = Some(bytes);
-        self
-    }
-
-    /// What a new claim does when a quota is reached. Defaults to [`WhenFull::Refuse`].
-    pub fn when_full(&mut self, policy: WhenFull) -> &mut Self {
-        self.when_full = policy;
-        self
-    }
-
-    /// The time source. Defaults to [`SystemClock`].
-    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
-        self.clock = Arc::new(clock);
         self
     }
 
@@ -339,12 +276,12 @@ impl StoreBuilder {
     /// replays the log as always, but into memory: a copy-on-write layer over the file holds
     /// every page the open changed (redb's header and, after a crash, the pages its repair and
     /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](Store::lookup), claims that only replay or
-    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](Store::records),
-    /// [`inspect`](Store::inspect), [`metrics`](Store::metrics). Every call that would write
+    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](crate::IdempotencyStore::records),
+    /// [`inspect`](crate::IdempotencyStore::inspect), [`metrics`](crate::IdempotencyStore::metrics). Every call that would write
     /// (a claim that would take a key, [`complete`](Store::complete),
     /// [`release`](Store::release), [`heartbeat`](Store::heartbeat),
     /// [`checkpoint`](Store::checkpoint), [`sweep`](Store::sweep),
-    /// [`force_release`](Store::force_release), the `complete_with` calls) fails with
+    /// [`force_release`](crate::IdempotencyStore::force_release), the `complete_with` calls) fails with
     /// [`Error::ReadOnly`], and [`start_sweeper`](Store::start_sweeper) starts no thread.
     /// The file is never created.
     ///
@@ -417,10 +354,10 @@ impl StoreBuilder {
 
     /// What the engine needs of these settings.
     fn engine_config(&self) -> Config {
-        let quota = (self.max_records.is_some() || self.max_bytes.is_some()).then_some(Quota {
-            max_records: self.max_records,
-            max_bytes: self.max_bytes,
-            evict_completed: self.when_full == WhenFull::EvictOldestCompleted,
+        let quota = self.settings.has_quota().then_some(Quota {
+            max_records: self.settings.max_records,
+            max_bytes: self.settings.max_bytes,
+            evict_completed: self.settings.when_full == WhenFull::EvictOldestCompleted,
         });
         Config {
             lease_ms: millis(self.settings.lease),
@@ -430,7 +367,10 @@ impl StoreBuilder {
             quota,
             cache_size: self.cache_size,
             log_size: self.log_size,
-            clock: Arc::clone(&self.clock),
+            clock: self
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(SystemClock) as Arc<dyn Clock>),
             create_if_missing: self.create_if_missing,
             portable_log_sync: self.portable_log_sync,
             effects: Arc::new(self.effects.clone()),

@@ -113,7 +113,7 @@ impl Store {
     }
 
     fn count(&self) -> Result<Stats> {
-        let now = self.now();
+        let now = self.engine.now();
         let (txn, _) = self.engine.snapshot()?;
         let records = txn.open_table(RECORDS)?;
         let mut stats = Stats {

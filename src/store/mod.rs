@@ -76,7 +76,7 @@ impl Store {
 
     pub(crate) fn new(engine: Engine, config: StoreBuilder, path: Option<PathBuf>) -> Store {
         let show_keys = config.settings.trace_keys;
-        let evicts = config.when_full == WhenFull::EvictOldestCompleted;
+        let evicts = config.settings.when_full == WhenFull::EvictOldestCompleted;
         let replays = replay_cache::ReplayCache::new(if evicts { 0 } else { config.replay_cache });
         Store {
             replays,
@@ -101,28 +101,6 @@ impl Store {
     /// final merge or closing the file failed.
     pub fn close(mut self) -> Result<()> {
         self.engine.close()
-    }
-
-    /// The store's current time: the clock's time, but never earlier than any time the store
-    /// has already used (also across restarts). A clock stepping back therefore makes time
-    /// stand still until the clock catches up; leases never lapse early and a lease is never
-    /// handed out twice.
-    ///
-    /// Across restarts: the times of write calls are logged with them, and every merge and
-    /// the close persist the highest time used by any call, reads included (a `lookup` that
-    /// saw a record expire). After a crash, a time seen only by reads since the last merge
-    /// may be forgotten; with the clock behind it at reopen, such a record can be seen live
-    /// again until the clock passes its expiry.
-    ///
-    /// Reads and writes take this time at different moments: a write batch takes it when the
-    /// batch starts and becomes visible after its log write, while a read
-    /// ([`lookup`](Store::lookup), a claim's answer that writes nothing) takes it when it runs.
-    /// So a read may carry a time later than that of a write it cannot see yet: the write's
-    /// time is up to one batch's duration older than the moment it becomes visible. Each call
-    /// is still consistent with one moment between its start and its return.
-    #[must_use]
-    pub fn now(&self) -> Timestamp {
-        self.engine.now()
     }
 
     /// Claims `key` for the request with `fingerprint`: the first-writer-wins step.
@@ -241,7 +219,7 @@ impl Store {
     /// replayed it. Never blocks on I/O or on the writer (one short lock), so the tower layer
     /// calls it on the async thread and hands only the other claims to the blocking pool.
     /// `None`: not kept (never replayed yet, evicted, another fingerprint, or expired), so
-    /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](Store::metrics)
+    /// call `claim`. An answer counts as a claim that replayed, in [`metrics`](crate::IdempotencyStore::metrics)
     /// as everywhere.
     ///
     /// Memory: up to [`StoreBuilder::replay_cache`] bytes (default 4 MiB), filled by claims
@@ -265,7 +243,7 @@ impl Store {
     #[must_use]
     pub fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
         let started = std::time::Instant::now();
-        let replay = self.replays.get(key, fingerprint, self.now())?;
+        let replay = self.replays.get(key, fingerprint, self.engine.now())?;
         let claim = Ok(Claim::Completed(replay));
         self.metrics.claimed(&claim, started);
         match claim {
@@ -282,7 +260,7 @@ impl Store {
         seed: Option<Vec<u8>>,
     ) -> Result<Claim> {
         self.check_key(key)?;
-        let now = self.now();
+        let now = self.engine.now();
         // A completed record does not change until it expires: no read transaction, page
         // cache or decode for a key replayed before (see `replay_cache`).
         if let Some(replay) = self.replays.get(key, fingerprint, now) {
@@ -303,7 +281,7 @@ impl Store {
             })
             // The batch stamped the lease when it started; a batch that outlasted the lease must
             // not hand it out.
-            .map(|claim| claim.unless_lapsed(self.now()))
+            .map(|claim| claim.unless_lapsed(self.engine.now()))
     }
 
     /// Stores the response for the lease's key, durably, and ends the lease. From then on
@@ -454,14 +432,14 @@ impl Store {
     ///
     /// The view is the last visible write judged at the store's time when the read runs; a
     /// write batch still being made durable is not visible yet, although its time (taken when
-    /// the batch started) may be earlier than this read's (see [`now`](Store::now)).
+    /// the batch started) may be earlier than this read's (see [`now`](crate::IdempotencyStore::now)).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a key longer than `max_key_len`; [`Error::Corrupted`] if the
     /// record does not decode; [`Error::Storage`].
     pub fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
         self.check_key(key)?;
-        let now = self.now();
+        let now = self.engine.now();
         Ok(self
             .read(key)?
             .filter(|r| !r.is_expired(now))

@@ -34,7 +34,7 @@ impl Store {
         Ok((swept.deleted, swept.more))
     }
 
-    /// Deletes every expired record, in transactions of [`SWEEP_BATCH`](crate::SWEEP_BATCH) so
+    /// Deletes every expired record, in transactions of 64 records so
     /// that other writers get the writer between them. Returns the total deleted.
     ///
     /// # Errors

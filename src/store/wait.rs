@@ -123,7 +123,7 @@ impl Store {
                 self.metrics.waited(true);
                 break Ok(claim);
             }
-            let lapse = now.checked_add(lease_until.saturating_duration_since(self.now()));
+            let lapse = now.checked_add(lease_until.saturating_duration_since(self.engine.now()));
             let until = match (deadline, lapse) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

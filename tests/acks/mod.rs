@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::redb::{ReadableTable, TableDefinition};
 use idempotency_store::{Fingerprint, Key, Lease, RecordState, Response, Result, Store};
 
@@ -24,7 +25,7 @@ pub fn complete(store: &Store, lease: &Lease, name: &str) -> Result<()> {
     if !with_effect(token) {
         return store.complete(lease, response);
     }
-    let (row, at) = (name.to_owned(), store.now().as_millis());
+    let (row, at) = (name.to_owned(), store.now()?.as_millis());
     store
         .complete_with_effects(lease, response, move |fx| {
             fx.insert(LEDGER, row.as_str(), (token, at))

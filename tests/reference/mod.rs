@@ -669,7 +669,7 @@ impl Caller {
 /// `verify()`, and the store's time.
 pub fn check_store(store: &Store, now: u64, models: &[&Model]) -> Outcome {
     check_backend(store, now, models)?;
-    ensure_eq!(store.now(), ts(now), "store time");
+    ensure_eq!(store.now()?, ts(now), "store time");
     Ok(())
 }
 
@@ -738,7 +738,7 @@ pub fn run_sequential(
         &clock,
         &|| open(&settings),
         &|store, now| {
-            ensure_eq!(store.now(), ts(now), "store time");
+            ensure_eq!(store.now()?, ts(now), "store time");
             Ok(())
         },
     )

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::redb::{self, ReadableTable};
 use idempotency_store::{Fingerprint, Key, RecordState, RecordView, Response, Store, Timestamp};
 
@@ -157,10 +158,10 @@ impl Model {
         self.check_strangers(store)?;
         self.check_ledger(store)?;
         let floor = self.latest_lease_until.saturating_sub(lease);
-        if store.now() < Timestamp::from_millis(floor) {
+        let now = store.now().map_err(|e| e.to_string())?;
+        if now < Timestamp::from_millis(floor) {
             return Err(format!(
-                "time went back: the store's time is {:?}, but a call acknowledged at {floor}",
-                store.now()
+                "time went back: the store's time is {now:?}, but a call acknowledged at {floor}"
             ));
         }
         Ok(checked)

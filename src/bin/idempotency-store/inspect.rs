@@ -3,8 +3,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use idempotency_store::admin::{Stats, StoredRecord};
 use idempotency_store::client::SCOPE;
-use idempotency_store::{Key, RecordState, RecordView, Stats, Timestamp};
+use idempotency_store::{IdempotencyStore, Key, RecordState, RecordView, Timestamp};
 use serde_json::{Value, json};
 
 use crate::StateFilter;
@@ -16,18 +17,19 @@ use crate::records::{
     KEY_WIDTH, Outbound, is_intent, is_stuck, label, lease, make_key, quote_hint, record_json,
     shown, truncate,
 };
-use crate::target::{Entry, Source, Target, store_fail};
+use crate::target::{Source, store_fail};
 
 /// `stats`: records by state. The outbox's intents are counted apart from the in-progress
 /// requests, and never as stuck: releasing one would give its operation a new key.
 pub(crate) fn stats(out: &mut dyn Write, format: Format, source: Source) -> Outcome {
     let path = source.path;
-    let store = source.open()?;
+    let opened = source.open()?;
+    let store = &*opened.store;
     let mut s: Stats = store.stats().map_err(|e| store_fail(path, &e))?;
     let total = s.in_progress + s.completed + s.expired;
-    let (size_name, size_field) = store.size_names();
+    let (size_name, size_field) = opened.size_names();
     let intents = if s.in_progress > 0 {
-        count_intents(&store, path)?
+        count_intents(store, path)?
     } else {
         Intents::default()
     };
@@ -44,8 +46,7 @@ pub(crate) fn stats(out: &mut dyn Write, format: Format, source: Source) -> Outc
         });
         if let Value::Object(map) = &mut value {
             map.insert(size_field.into(), json!(s.file_bytes));
-            if let Target::Pg(pg) = &store {
-                let failover = pg.failover_safety_at_connect();
+            if let Some(failover) = &opened.failover {
                 map.insert("failover_safe".into(), json!(failover.is_failover_safe()));
                 map.insert("replication".into(), json!(failover.to_string()));
             }
@@ -81,8 +82,8 @@ pub(crate) fn stats(out: &mut dyn Write, format: Format, source: Source) -> Outc
         if let Some(bytes) = s.file_bytes {
             writeln!(out, "\n{size_name}: {} ({bytes} bytes)", human_bytes(bytes))?;
         }
-        if let Target::Pg(pg) = &store {
-            writeln!(out, "replication: {}", pg.failover_safety_at_connect())?;
+        if let Some(failover) = &opened.failover {
+            writeln!(out, "replication: {failover}")?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -96,12 +97,12 @@ struct Intents {
     lapsed: u64,
 }
 
-fn count_intents(store: &Target, path: &std::path::Path) -> Result<Intents, Fail> {
+fn count_intents(store: &dyn IdempotencyStore, path: &std::path::Path) -> Result<Intents, Fail> {
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let mut intents = Intents::default();
     for item in store.records().map_err(|e| store_fail(path, &e))? {
         // A damaged record is reported by `list` and `verify`; the counts stay the store's.
-        let Ok(Entry { key, record }) = item else {
+        let Ok(StoredRecord { key, record, .. }) = item else {
             continue;
         };
         if is_intent(&key) && record.expires_at > now && lease(&record).is_some() {
@@ -124,17 +125,18 @@ pub(crate) fn get(
 ) -> Outcome {
     let path = source.path;
     let key = make_key(key, scope)?;
-    let store = source.open()?;
+    let opened = source.open()?;
+    let store = &*opened.store;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let found = match store.inspect(&key).map_err(|e| store_fail(path, &e))? {
         Some(record) => Some((key.clone(), record)),
-        None if key.scope().is_none() => elsewhere(&store, path, &key, format)?,
+        None if key.scope().is_none() => elsewhere(store, path, &key, format)?,
         None => None,
     };
     let Some((key, record)) = found else {
         let hint = match key.scope() {
             Some(_) => String::new(),
-            None => scope_hint(&store, path, &key)?,
+            None => scope_hint(store, path, &key)?,
         };
         return Err(fail(
             EXIT_PROBLEM,
@@ -142,7 +144,7 @@ pub(crate) fn get(
             format!(
                 "no record for key {}{}{hint}",
                 shown(&key),
-                quote_hint(&store, &key, "get")
+                quote_hint(store, &key, "get")
             ),
         ));
     };
@@ -243,7 +245,7 @@ pub(crate) fn get(
 /// The record a scope-less key that was not found stands for, if there is one: the outbox's
 /// intent with that operation id, or the intent that sent that key. Says so on stderr.
 fn elsewhere(
-    store: &Target,
+    store: &dyn IdempotencyStore,
     path: &std::path::Path,
     key: &Key,
     format: Format,
@@ -262,7 +264,10 @@ fn elsewhere(
         return Ok(Some((intent, record)));
     }
     for item in store.records().map_err(|e| store_fail(path, &e))? {
-        let Ok(Entry { key: found, record }) = item else {
+        let Ok(StoredRecord {
+            key: found, record, ..
+        }) = item
+        else {
             continue;
         };
         let sent = Outbound::of(&found, &record).and_then(|intent| intent.key_sent);
@@ -283,10 +288,14 @@ fn elsewhere(
 
 /// For a scope-less key not found: the scopes that hold a record with that key, as `--scope`
 /// to try.
-fn scope_hint(store: &Target, path: &std::path::Path, key: &Key) -> Result<String, Fail> {
+fn scope_hint(
+    store: &dyn IdempotencyStore,
+    path: &std::path::Path,
+    key: &Key,
+) -> Result<String, Fail> {
     let mut scopes: Vec<String> = Vec::new();
     for item in store.records().map_err(|e| store_fail(path, &e))? {
-        let Ok(Entry { key: found, .. }) = item else {
+        let Ok(StoredRecord { key: found, .. }) = item else {
             continue;
         };
         if let Some(scope) = found.scope()
@@ -336,7 +345,8 @@ pub(crate) fn list(
             "--stuck selects in-progress records; it cannot be combined with that --state",
         ));
     }
-    let store = source.open()?;
+    let opened = source.open()?;
+    let store = &*opened.store;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let limit = limit.unwrap_or(usize::MAX);
     let mut shown = Vec::new();
@@ -457,7 +467,8 @@ pub(crate) fn list(
 /// `export`: every record as a JSON line, in the store's order.
 pub(crate) fn export(out: &mut dyn Write, format: Format, source: Source) -> Outcome {
     let path = source.path;
-    let store = source.open()?;
+    let opened = source.open()?;
+    let store = &*opened.store;
     let now = store.now().map_err(|e| store_fail(path, &e))?;
     let mut damaged = 0u64;
     for item in store.records().map_err(|e| store_fail(path, &e))? {

@@ -1,31 +1,48 @@
 //! The commands that maintain: `sweep` deletes expired records, `verify` checks invariants.
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idempotency_store::{Error, IdempotencyStore, SWEEP_BATCH, Store, VerifyReport};
+use idempotency_store::admin::VerifyReport;
+use idempotency_store::{Error, IdempotencyStore};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::format::plural;
-use crate::output::{EXIT_FAILED, EXIT_PROBLEM, Format, Outcome, describe, fail, one_line};
-use crate::target::{Source, check_exists, error_kind, shown_path, store_fail};
+use crate::output::{EXIT_FAILED, EXIT_PROBLEM, Fail, Format, Outcome, describe, fail, one_line};
+use crate::target::{Source, connection_string, error_kind, shown_path, store_fail};
+
+/// Expired records one `sweep` round deletes: the rounds of the library's `sweep_all`, so that
+/// a claim queued behind the sweep waits for at most one small transaction.
+const ROUND: usize = 64;
 
 /// `sweep`: deletes every expired record (intents of the client's outbox included: they are
 /// past their retention like any record).
 pub(crate) fn sweep(out: &mut dyn Write, format: Format, source: Source) -> Outcome {
     let path = source.path;
     // A file that does not open read-only is left as it was.
-    let store = source.open()?.for_writing(path)?;
+    drop(source.open()?);
+    let total = source.change(format, |store| sweep_rounds(store, path))?;
+    if format.is_json() {
+        writeln!(out, "{}", json!({ "swept": total }))?;
+    } else {
+        writeln!(out, "deleted {total} expired record{}", plural(total))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Deletes every expired record in rounds of [`ROUND`], with a progress bar once a second
+/// round is needed (long work), on a terminal.
+fn sweep_rounds(store: &dyn IdempotencyStore, path: &Path) -> Result<u64, Fail> {
     let mut total = 0u64;
-    // The bar appears only once a second batch is needed (long work), on a terminal.
     let mut bar: Option<ProgressBar> = None;
     let result = loop {
-        match store.sweep(SWEEP_BATCH) {
+        match store.sweep(ROUND) {
             Ok(n) => {
                 total += n as u64;
-                if n < SWEEP_BATCH {
+                if n < ROUND {
                     break Ok(());
                 }
                 let bar = bar.get_or_insert_with(|| {
@@ -45,8 +62,9 @@ pub(crate) fn sweep(out: &mut dyn Write, format: Format, source: Source) -> Outc
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    if let Err(err) = result {
-        return Err(fail(
+    match result {
+        Ok(()) => Ok(total),
+        Err(err) => Err(fail(
             EXIT_FAILED,
             error_kind(&err),
             format!(
@@ -54,15 +72,8 @@ pub(crate) fn sweep(out: &mut dyn Write, format: Format, source: Source) -> Outc
                 shown_path(path),
                 describe(&err)
             ),
-        ));
+        )),
     }
-    store.finish(format, path);
-    if format.is_json() {
-        writeln!(out, "{}", json!({ "swept": total }))?;
-    } else {
-        writeln!(out, "deleted {total} expired record{}", plural(total))?;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `verify`: every invariant of the store; exit 1 with the list if anything is wrong.
@@ -71,14 +82,10 @@ pub(crate) fn verify(out: &mut dyn Write, format: Format, source: Source) -> Out
     // A file that does not open as a store, or a walk that meets damage, is a problem with the
     // store (exit 1); one that cannot be looked at (already open, I/O) is not (exit 2), and
     // neither is a PostgreSQL schema that is missing or at another migration.
-    let walked = match source.pg() {
-        Some(pg) => pg.map_err(|e| store_fail(path, &e))?.verify(),
-        None => {
-            check_exists(path)?;
-            Store::builder()
-                .open_read_only(path)
-                .and_then(|store| store.verify())
-        }
+    let walked = if connection_string(path).is_some() {
+        source.open()?.store.verify()
+    } else {
+        source.try_open()?.and_then(|opened| opened.store.verify())
     };
     let opened = walked.is_ok();
     let report = match walked {

@@ -1,12 +1,11 @@
 //! Records as the commands show them: states, keys, JSON, and the client outbox's intents.
 
 use idempotency_store::client::{Outbox, SCOPE, Sent};
-use idempotency_store::{Key, RecordState, RecordView, Timestamp};
+use idempotency_store::{IdempotencyStore, Key, RecordState, RecordView, Timestamp};
 use serde_json::{Value, json};
 
 use crate::format::{base64, hex};
 use crate::output::{EXIT_FAILED, Fail, describe, fail};
-use crate::target::Target;
 
 /// `list` cuts keys and scopes longer than this (characters) unless `--full`.
 pub(crate) const KEY_WIDTH: usize = 64;
@@ -23,7 +22,7 @@ pub(crate) fn make_key(key: &str, scope: Option<&str>) -> Result<Key, Fail> {
 /// For a key that was not found and is wrapped in quotes: a hint that the quotes are part of
 /// it. An `Idempotency-Key` header carries the key as a quoted string, and the HTTP mapping
 /// stores it without the quotes; copied from the header, the quotes come along.
-pub(crate) fn quote_hint(store: &Target, key: &Key, command: &str) -> String {
+pub(crate) fn quote_hint(store: &dyn IdempotencyStore, key: &Key, command: &str) -> String {
     let text = key.key();
     let inner = ['"', '\''].iter().find_map(|&q| {
         text.strip_prefix(q)

@@ -4,13 +4,14 @@ use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use idempotency_store::{ForceRelease, Key, RecordView, Timestamp};
+use idempotency_store::admin::ForceRelease;
+use idempotency_store::{IdempotencyStore, Key, RecordView, Timestamp};
 use serde_json::json;
 
 use crate::format::span;
 use crate::output::{EXIT_FAILED, Fail, Format, Outcome, fail};
 use crate::records::{Outbound, is_intent, lease, make_key, quote_hint, shown};
-use crate::target::{Source, Target, store_fail};
+use crate::target::{Source, store_fail};
 
 /// The flag that lets `release` delete an intent of the client's outbox.
 const INTENT_FLAG: &str = "--allow-new-key-may-charge-twice";
@@ -40,8 +41,8 @@ pub(crate) fn release(
     let key = make_key(key, scope)?;
     // Decided on a read-only look: a refusal, or a "no" at the prompt, leaves a file as it was.
     let looked = source.open()?;
-    let now = looked.now().map_err(|e| store_fail(path, &e))?;
-    let (record, lease_until) = releasable(&looked, path, &key, now)?;
+    let now = looked.store.now().map_err(|e| store_fail(path, &e))?;
+    let (record, lease_until) = releasable(&*looked.store, path, &key, now)?;
     if is_intent(&key) && !options.intents {
         return Err(refuse_intent(&key, &record));
     }
@@ -55,11 +56,11 @@ pub(crate) fn release(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let store = looked.for_writing(path)?;
-    let released = store
-        .force_release(&key)
-        .map_err(|e| store_fail(path, &e))?;
-    store.finish(format, path);
+    // The look's shared lock must go before a writable open can lock the file.
+    drop(looked);
+    let released = source.change(format, |store| {
+        store.force_release(&key).map_err(|e| store_fail(path, &e))
+    })?;
     match released {
         ForceRelease::Released {
             attempt,
@@ -103,7 +104,7 @@ pub(crate) fn release(
 /// The key's record and its lease deadline, if `release` may delete it: it exists, has not
 /// expired and is in progress.
 fn releasable(
-    store: &Target,
+    store: &dyn IdempotencyStore,
     path: &Path,
     key: &Key,
     now: Timestamp,

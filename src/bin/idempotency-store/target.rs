@@ -5,9 +5,8 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use idempotency_store::{
-    Error, ForceRelease, IdempotencyStore, Key, PgStore, RecordView, Store, Timestamp,
-};
+use idempotency_store::pg::{FailoverSafety, PgStore};
+use idempotency_store::{Error, IdempotencyStore, Store};
 
 use crate::output::{EXIT_FAILED, Fail, Format, describe, fail, warn};
 
@@ -19,84 +18,76 @@ pub(crate) struct Source<'a> {
     schema: &'a str,
 }
 
+/// A store opened for a look, whichever backend PATH names. The commands work on it through
+/// [`IdempotencyStore`] alone; what only one backend has is read when it is opened.
+pub(crate) struct Opened {
+    pub(crate) store: Box<dyn IdempotencyStore>,
+    /// The PostgreSQL server's failover safety when the store connected; `None` for a file.
+    pub(crate) failover: Option<FailoverSafety>,
+}
+
+impl Opened {
+    /// What the size in `Stats::file_bytes` is called, in tables and in JSON.
+    pub(crate) fn size_names(&self) -> (&'static str, &'static str) {
+        match self.failover {
+            None => ("file size", "file_bytes"),
+            Some(_) => ("table size", "table_bytes"),
+        }
+    }
+}
+
 impl<'a> Source<'a> {
     pub(crate) fn new(path: &'a Path, schema: &'a str) -> Source<'a> {
         Source { path, schema }
     }
 
     /// Opens the store for a look: a file read-only, never changed. A command that writes
-    /// then asks [`Target::for_writing`].
-    pub(crate) fn open(self) -> Result<Target, Fail> {
+    /// then calls [`Source::change`].
+    pub(crate) fn open(self) -> Result<Opened, Fail> {
+        self.try_open()?.map_err(|e| store_fail(self.path, &e))
+    }
+
+    /// Like [`Source::open`], with the store's own error kept for the caller to judge; fails
+    /// at once only if a file is missing (or a PostgreSQL store cannot be reached).
+    pub(crate) fn try_open(self) -> Result<Result<Opened, Error>, Fail> {
         let path = self.path;
         if let Some(conninfo) = connection_string(path) {
-            return pg_store(conninfo, self.schema)
-                .map(|store| Target::Pg(Box::new(store)))
-                .map_err(|e| store_fail(path, &e));
+            let store = pg_store(conninfo, self.schema).map_err(|e| store_fail(path, &e))?;
+            return Ok(Ok(Opened {
+                failover: Some(store.failover_safety_at_connect().clone()),
+                store: Box::new(store),
+            }));
         }
         check_exists(path)?;
-        Store::builder()
-            .open_read_only(path)
-            .map(|store| Target::File(Box::new(store)))
-            .map_err(|e| store_fail(path, &e))
+        Ok(Store::builder().open_read_only(path).map(|store| Opened {
+            store: Box::new(store),
+            failover: None,
+        }))
     }
 
-    /// The PostgreSQL store, if PATH is a connection string.
-    pub(crate) fn pg(self) -> Option<Result<PgStore, Error>> {
-        connection_string(self.path).map(|conninfo| pg_store(conninfo, self.schema))
-    }
-}
-
-/// An opened store: a file, or a table on a PostgreSQL server.
-pub(crate) enum Target {
-    File(Box<Store>),
-    Pg(Box<PgStore>),
-}
-
-/// One record with its key, as `list` and `export` walk them.
-pub(crate) struct Entry {
-    pub(crate) key: Key,
-    pub(crate) record: RecordView,
-}
-
-type Walk<'a> = Box<dyn Iterator<Item = Result<Entry, Error>> + 'a>;
-
-impl std::ops::Deref for Target {
-    type Target = dyn IdempotencyStore;
-
-    fn deref(&self) -> &Self::Target {
-        match self {
-            Target::File(store) => &**store,
-            Target::Pg(store) => &**store,
+    /// Runs `change` on the store opened for writing, once a read-only look found nothing to
+    /// refuse (that look must be dropped first: its shared lock would keep a file from
+    /// opening). A file is closed afterwards with its last merge; that merge failing loses
+    /// nothing (the log holds every change, and the next open replays it), so it is only a
+    /// warning.
+    pub(crate) fn change<T>(
+        self,
+        format: Format,
+        change: impl FnOnce(&dyn IdempotencyStore) -> Result<T, Fail>,
+    ) -> Result<T, Fail> {
+        let path = self.path;
+        if let Some(conninfo) = connection_string(path) {
+            let store = pg_store(conninfo, self.schema).map_err(|e| store_fail(path, &e))?;
+            return change(&store);
         }
-    }
-}
-
-impl Target {
-    /// The store for a command that writes, once a read-only look at it found nothing to
-    /// refuse: a file is opened again, writable; a PostgreSQL store is the same.
-    pub(crate) fn for_writing(self, path: &Path) -> Result<Target, Fail> {
-        match self {
-            Target::File(looked) => {
-                // The look's shared lock must go before the writable open can lock the file.
-                drop(looked);
-                Store::builder()
-                    .create_if_missing(false)
-                    // The application's effect rows in the log: kept for its next open.
-                    .keep_unregistered_effects(true)
-                    .open(path)
-                    .map(|store| Target::File(Box::new(store)))
-                    .map_err(|e| store_fail(path, &e))
-            }
-            pg @ Target::Pg(_) => Ok(pg),
-        }
-    }
-
-    /// Closes a file after a write with its last merge. That merge failing loses nothing (the
-    /// log holds every change, and the next open replays it), so it is only a warning.
-    pub(crate) fn finish(self, format: Format, path: &Path) {
-        if let Target::File(store) = self
-            && let Err(err) = store.close()
-        {
+        let store = Store::builder()
+            .create_if_missing(false)
+            // The application's effect rows in the log: kept for its next open.
+            .keep_unregistered_effects(true)
+            .open(path)
+            .map_err(|e| store_fail(path, &e))?;
+        let changed = change(&store)?;
+        if let Err(err) = store.close() {
             warn(
                 format,
                 &format!(
@@ -107,51 +98,7 @@ impl Target {
                 ),
             );
         }
-    }
-
-    /// What the size in `Stats::file_bytes` is called, in tables and in JSON.
-    pub(crate) fn size_names(&self) -> (&'static str, &'static str) {
-        match self {
-            Target::File(_) => ("file size", "file_bytes"),
-            Target::Pg(_) => ("table size", "table_bytes"),
-        }
-    }
-
-    pub(crate) fn now(&self) -> Result<Timestamp, Error> {
-        match self {
-            Target::File(store) => Ok(Store::now(store)),
-            Target::Pg(store) => store.now(),
-        }
-    }
-
-    pub(crate) fn inspect(&self, key: &Key) -> Result<Option<RecordView>, Error> {
-        match self {
-            Target::File(store) => store.inspect(key),
-            Target::Pg(store) => store.inspect(key),
-        }
-    }
-
-    pub(crate) fn force_release(&self, key: &Key) -> Result<ForceRelease, Error> {
-        match self {
-            Target::File(store) => store.force_release(key),
-            Target::Pg(store) => store.force_release(key),
-        }
-    }
-
-    pub(crate) fn records(&self) -> Result<Walk<'_>, Error> {
-        Ok(match self {
-            Target::File(store) => Box::new(store.records()?.map(|item| {
-                item.map(|e| Entry {
-                    key: e.key,
-                    record: e.record,
-                })
-            })),
-            Target::Pg(store) => Box::new(
-                store
-                    .records()?
-                    .map(|item| item.map(|(key, record)| Entry { key, record })),
-            ),
-        })
+        Ok(changed)
     }
 }
 

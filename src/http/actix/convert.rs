@@ -6,7 +6,7 @@ use actix_web::HttpResponse;
 use actix_web::body::BoxBody;
 use actix_web::http::header as actix_header;
 
-use crate::http::options::Release;
+use crate::http::options::NotFinal;
 
 /// The method in `http` 1.
 pub(super) fn method(method: &actix_web::http::Method) -> ::http::Method {
@@ -37,7 +37,7 @@ pub(super) fn headers(from: &actix_header::HeaderMap) -> ::http::HeaderMap {
 pub(super) struct Carried(pub(super) ::http::Extensions);
 
 /// The handler's response, with its whole body, in `http` 1: with the extensions it carries
-/// (see [`super::respond`]), and a [`Release`] inserted into actix's own extensions.
+/// (see [`super::respond`]), and a [`NotFinal`] inserted into actix's own extensions.
 pub(super) fn answer(head: &mut HttpResponse<()>, body: Vec<u8>) -> ::http::Response<Vec<u8>> {
     let mut answer = ::http::Response::new(body);
     *answer.status_mut() = ::http::StatusCode::from_u16(head.status().as_u16()).unwrap_or_default();
@@ -46,8 +46,8 @@ pub(super) fn answer(head: &mut HttpResponse<()>, body: Vec<u8>) -> ::http::Resp
     if let Some(Carried(carried)) = extensions.remove::<Carried>() {
         *answer.extensions_mut() = carried;
     }
-    if extensions.contains::<Release>() {
-        answer.extensions_mut().insert(Release);
+    if extensions.contains::<NotFinal>() {
+        answer.extensions_mut().insert(NotFinal);
     }
     answer
 }

@@ -49,7 +49,7 @@
 //!
 //! The handler finds its [`LeaseWatch`] in the request's extensions
 //! (`web::ReqData<LeaseWatch>`), and marks an answer that should release the key by
-//! inserting [`Release`] into the `HttpResponse`'s extensions. actix has extensions of its
+//! inserting [`NotFinal`] into the `HttpResponse`'s extensions. actix has extensions of its
 //! own type: a handler that leaves values for a [`complete_with`](HandleOptions::complete_with)
 //! hook builds an `http` 1 response and answers [`respond`]`(response)`, which keeps its
 //! `http` extensions for the hook. The options' closures see the request's method, target,
@@ -89,7 +89,7 @@ use super::flow::{self, Screen, Ticket};
 use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 #[cfg(doc)]
-use super::options::Release;
+use super::options::NotFinal;
 use super::prefer;
 use super::runner::{Claimed, Runner};
 use super::view::RequestView;
@@ -363,7 +363,7 @@ where
 }
 
 /// An `http` 1 response as actix's, with its `http` extensions kept for the middleware: a
-/// [`Release`] among them releases the key, and a
+/// [`NotFinal`] among them releases the key, and a
 /// [`complete_with`](HandleOptions::complete_with) hook finds the rest, as it does behind the
 /// tower layer. A handler behind [`Idempotency`] answers with it where it needs either.
 #[must_use]

@@ -1,0 +1,177 @@
+//! `--sweep`: claim latency while `sweep_all` deletes a million expired records.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idempotency_store::{Claim, Key, ManualClock, Store, Timestamp};
+use serde_json::Value;
+
+use crate::Res;
+use crate::args::Args;
+use crate::run::{machine_json, verdict};
+use crate::store::prefill_store;
+use crate::tools::{
+    Lat, Out, Report, err, filesystem_of, fingerprint_of, fresh_dir, key_name, lat_json, num, obj,
+    opt, percentiles,
+};
+
+/// Fresh-key claims from this thread until `stop` says so (or `max` passes); latencies in ns.
+pub(crate) fn claim_loop(
+    store: &Store,
+    stream: u64,
+    stop: &dyn Fn(Instant) -> bool,
+) -> Res<(Vec<u64>, Duration)> {
+    let mut lat = Vec::new();
+    let mut i = 0;
+    let started = Instant::now();
+    loop {
+        let t0 = Instant::now();
+        if stop(t0) {
+            return Ok((lat, started.elapsed()));
+        }
+        i += 1;
+        let name = key_name(stream, i);
+        let key = Key::new(&name).map_err(|e| err("key", e))?;
+        match store.claim(&key, fingerprint_of(&name)) {
+            Ok(Claim::Acquired(_lease)) => {}
+            Ok(other) => return Err(format!("fresh key not acquired: {other:?}")),
+            Err(e) => return Err(err("claim", e)),
+        }
+        lat.push(t0.elapsed().as_nanos() as u64);
+    }
+}
+
+/// `sweep_all` with another batch size: `sweep(batch)` until a batch comes back short.
+pub(crate) fn sweep_in(store: &Store, batch: usize) -> idempotency_store::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = store.sweep(batch)?;
+        total += n as u64;
+        if n < batch {
+            return Ok(total);
+        }
+    }
+}
+
+pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
+    let fs = filesystem_of(&base);
+    let n = args.records;
+    out.line(format!(
+        "sweep: {n} expired records, claim p99 without and during sweep_all; dir {} on {fs}",
+        base.display()
+    ));
+    let dir = fresh_dir(&base, "sweep")?;
+    let retention = Duration::from_secs(3600);
+    let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(retention)
+        .open(dir.path().join("store.redb"))
+        .map_err(|e| err("open", e))?;
+    let prefill = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
+    out.line(format!(
+        "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
+        prefill.as_secs_f64(),
+        n as f64 / prefill.as_secs_f64(),
+        args.prefill_threads
+    ));
+    // Everything so far is now past its retention.
+    clock.advance(retention + Duration::from_secs(1));
+    let file_before = std::fs::metadata(dir.path().join("store.redb")).map_or(0, |m| m.len());
+
+    let window = Duration::from_secs_f64(args.seconds);
+    // Warm-up, then the baseline.
+    let warm_end = Instant::now() + Duration::from_millis(300);
+    claim_loop(&store, 2, &|t| t >= warm_end)?;
+    let base_end = Instant::now() + window;
+    let (base_lat, _) = claim_loop(&store, 3, &|t| t >= base_end)?;
+    let base_n = base_lat.len();
+    let baseline = percentiles(base_lat);
+
+    let done = AtomicBool::new(false);
+    let (sweep_result, during) = thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            let t0 = Instant::now();
+            let r = match args.sweep_batch {
+                None => store.sweep_all(),
+                Some(batch) => sweep_in(&store, batch),
+            };
+            done.store(true, Ordering::SeqCst);
+            (r, t0.elapsed())
+        });
+        // Measure while the sweep runs (at most 3 windows, so a stuck sweep cannot hang us).
+        let cap = Instant::now() + window * 3;
+        let during = claim_loop(&store, 4, &|t| done.load(Ordering::SeqCst) || t >= cap);
+        let sweep = sweeper.join().map_err(|_| "sweeper panicked".to_owned());
+        (sweep, during)
+    });
+    let (sweep_result, sweep_time) = sweep_result?;
+    let swept = sweep_result.map_err(|e| err("sweep_all", e))?;
+    let (during_lat, during_time) = during?;
+    let during_n = during_lat.len();
+    let during = percentiles(during_lat);
+    let p99_ratio = match (baseline, during) {
+        (Some(a), Some(b)) if a.p99_us > 0.0 => Some(b.p99_us / a.p99_us),
+        _ => None,
+    };
+    let pass = p99_ratio.is_some_and(|r| r <= 3.0);
+    let show = |l: Option<Lat>| {
+        l.map_or_else(
+            || "-".into(),
+            |l| {
+                format!(
+                    "p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs ({} claims)",
+                    l.p50_us, l.p99_us, l.max_us, l.n
+                )
+            },
+        )
+    };
+    out.line(format!(
+        "claims without sweep:  {} ({:.0}/s)",
+        show(baseline),
+        base_n as f64 / window.as_secs_f64()
+    ));
+    out.line(format!(
+        "claims during sweep:   {} ({:.0}/s over {:.2} s)",
+        show(during),
+        during_n as f64 / during_time.as_secs_f64().max(1e-9),
+        during_time.as_secs_f64()
+    ));
+    out.line(format!(
+        "{} deleted {swept} in {:.2} s ({:.0}/s)",
+        args.sweep_batch
+            .map_or_else(|| "sweep_all".to_owned(), |b| format!("sweep({b}) loop")),
+        sweep_time.as_secs_f64(),
+        swept as f64 / sweep_time.as_secs_f64().max(1e-9)
+    ));
+    out.line(format!(
+        "target: p99 during sweep / p99 without <= 3.0: {} {}",
+        p99_ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}")),
+        verdict(p99_ratio, pass)
+    ));
+    let mut j = obj();
+    j.set("mode", Value::String("sweep".into()))
+        .set("records", Value::from(n))
+        .set("dir", Value::String(base.display().to_string()))
+        .set("filesystem", Value::String(fs))
+        .set("machine", machine_json())
+        .set("prefill_s", num(prefill.as_secs_f64()))
+        .set("prefill_threads", Value::from(args.prefill_threads as u64))
+        .set("file_bytes", Value::from(file_before))
+        .set("claim_without_sweep", lat_json(baseline))
+        .set("claim_during_sweep", lat_json(during))
+        .set("during_window_s", num(during_time.as_secs_f64()))
+        .set("swept", Value::from(swept))
+        .set("sweep_s", num(sweep_time.as_secs_f64()))
+        .set(
+            "sweep_batch",
+            args.sweep_batch
+                .map_or(Value::String("sweep_all".into()), |b| Value::from(b as u64)),
+        )
+        .set("p99_ratio", opt(p99_ratio))
+        .set("p99_ratio_max", num(3.0))
+        .set("pass", p99_ratio.map_or(Value::Null, |_| Value::Bool(pass)));
+    Ok(j)
+}
