@@ -45,23 +45,24 @@ pub(super) fn route(client: &mut Client, schema: &str, create: bool, sql: &mut S
     let mut missing = Vec::new();
     for (label, query) in sql.routable_mut() {
         let name = name_of(label, query);
+        if !create && !present.contains(&name) {
+            missing.push(label);
+            continue;
+        }
+        // The server says what the statement returns, which the routine declares and the
+        // call passes placeholders for.
+        let described = txn
+            .prepare_typed(query.text(), query.types())
+            .map_err(|e| pg(CONTEXT, e))?;
+        let columns: Vec<&Type> = described.columns().iter().map(|c| c.type_()).collect();
+        if columns.is_empty() {
+            continue; // nothing to answer with; all of them return rows today
+        }
         if !present.contains(&name) {
-            if !create {
-                missing.push(label);
-                continue;
-            }
-            // The server says what the statement returns, which the function must declare.
-            let described = txn
-                .prepare_typed(query.text(), query.types())
-                .map_err(|e| pg(CONTEXT, e))?;
-            let columns: Vec<&Type> = described.columns().iter().map(|c| c.type_()).collect();
-            if columns.is_empty() {
-                continue; // nothing to answer with; all of them return rows today
-            }
             txn.batch_execute(&definition(schema, &name, query, &columns))
                 .map_err(|e| pg(CONTEXT, e))?;
         }
-        query.route(call(schema, &name, query.types()));
+        query.route(call(schema, &name, query.types(), columns.len()));
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))?;
     if !missing.is_empty() {
@@ -85,10 +86,15 @@ fn existing(client: &mut impl ::postgres::GenericClient, schema: &str) -> Result
     .collect()
 }
 
-/// `idempotency_q_<label>_<hash>`: the hash of the parameter types and the text, so that
-/// another statement gets another routine.
+/// The shape of the routines [`definition`] writes, in their names' hash: a change of shape
+/// must change this, so that no build calls a routine of another shape.
+const SHAPE: &[u8] = b"procedure, INOUT outputs and hit, no defaults\n";
+
+/// `idempotency_q_<label>_<hash>`: the hash of the routines' shape, the parameter types and
+/// the text, so that another statement gets another routine.
 fn name_of(label: &str, query: &Query) -> String {
     let mut hasher = blake3::Hasher::new();
+    hasher.update(SHAPE);
     for ty in query.types() {
         hasher.update(ty.name().as_bytes());
         hasher.update(b",");
@@ -99,13 +105,15 @@ fn name_of(label: &str, query: &Query) -> String {
     format!("{PREFIX}{label}_{}", &hash[..16])
 }
 
-/// The routine's call, with the statement's parameters cast as the routine declares them
-/// (the `INOUT` ones default to NULL).
-fn call(schema: &str, name: &str, types: &[Type]) -> String {
+/// The routine's call, with the statement's parameters cast as the routine declares them and
+/// a NULL for each of its `INOUT` ones (`outputs`, and `hit`). Passed, not defaulted: the
+/// server would read a default's expression from the catalog on every call.
+fn call(schema: &str, name: &str, types: &[Type], outputs: usize) -> String {
     let args: Vec<String> = types
         .iter()
         .enumerate()
         .map(|(i, ty)| format!("${}::{}", i + 1, ty.name()))
+        .chain(std::iter::repeat_n("NULL".to_owned(), outputs + 1))
         .collect();
     format!("CALL \"{schema}\".{name}({})", args.join(", "))
 }
@@ -120,9 +128,9 @@ fn definition(schema: &str, name: &str, query: &Query, columns: &[&Type]) -> Str
         .collect();
     let outputs: Vec<String> = (0..columns.len()).map(|i| format!("c{i}")).collect();
     for (output, ty) in outputs.iter().zip(columns) {
-        params.push(format!("INOUT {output} {} DEFAULT NULL", ty.name()));
+        params.push(format!("INOUT {output} {}", ty.name()));
     }
-    params.push("INOUT hit boolean DEFAULT NULL".to_owned());
+    params.push("INOUT hit boolean".to_owned());
     format!(
         "CREATE PROCEDURE \"{schema}\".{name}({}) LANGUAGE plpgsql AS $routine$ \
          #variable_conflict use_column\n\
@@ -151,8 +159,8 @@ mod tests {
     #[test]
     fn a_call_passes_every_parameter_with_its_type() {
         assert_eq!(
-            call("s", "f", &[Type::INT8, Type::TEXT, Type::BYTEA]),
-            "CALL \"s\".f($1::int8, $2::text, $3::bytea)"
+            call("s", "f", &[Type::INT8, Type::TEXT, Type::BYTEA], 2),
+            "CALL \"s\".f($1::int8, $2::text, $3::bytea, NULL, NULL, NULL)"
         );
     }
 }
