@@ -158,6 +158,7 @@ pub use crate::api::key::{Key, MAX_KEY_LEN};
 pub use crate::api::metrics::{
     ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
 };
+pub use crate::api::nonblocking::{AsyncStore, Blocking, StoreFuture};
 pub use crate::api::outcome::{
     Claim, ClaimId, ForceRelease, Lease, Outcome, RecordState, RecordView, Replay,
 };

@@ -1,16 +1,19 @@
 //! The redb [`Store`] as an [`IdempotencyStore`]: every call forwards to the inherent method.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, Lease, RecordView, Replay};
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::Result;
 use crate::store::Store;
+use crate::store::nonblocking::Nonblocking;
 
 impl IdempotencyStore for Store {
     fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
@@ -31,6 +34,10 @@ impl IdempotencyStore for Store {
 
     fn now(&self) -> Result<Timestamp> {
         Ok(Store::now(self))
+    }
+
+    fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
+        Some(Arc::new(Nonblocking(self)))
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
