@@ -71,4 +71,3 @@ pub trait AsyncStore: Send + Sync {
     /// As for `release`.
     fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()>;
 }
-
