@@ -154,9 +154,9 @@ impl IdempotencyLayer {
         }
     }
 
-    /// At most `claims` of this layer's claims on tokio's blocking pool at once (default
-    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
-    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512)
+    /// At most `claims` of this layer's claims in flight at once, on tokio's blocking pool or
+    /// awaited (default [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot
+    /// without holding a thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512)
     /// less what the rest of the application runs there, so that a holder's heartbeat and
     /// completion, which need no slot, always find a thread soon.
     #[must_use]

@@ -131,9 +131,9 @@ impl Idempotency {
         }
     }
 
-    /// At most `claims` of this middleware's claims on tokio's blocking pool at once (default
-    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
-    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
+    /// At most `claims` of this middleware's claims in flight at once, on tokio's blocking pool
+    /// or awaited (default [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot
+    /// without holding a thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
     /// what the rest of the application runs there, as for the tower layer.
     #[must_use]
     pub fn max_blocking(mut self, claims: usize) -> Self {
