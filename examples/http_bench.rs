@@ -6,12 +6,15 @@
 //! measured in turn within each run.
 //!
 //! ```text
-//! cargo run --release --example http_bench -- [--seconds S] [--runs N] [--dir PATH]
+//! cargo run --release --example http_bench -- [--seconds S] [--runs N] [--dir PATH] [--in-memory]
 //! ```
 //!
 //! Servers (tokio with 2 worker threads; actix-web with 2 workers) and clients share the
-//! machine. The store is a file
-//! `Store` with default settings (durable: every acknowledged claim and completion is synced).
+//! machine. The store is a file `Store` with default settings (durable: every acknowledged
+//! claim and completion is synced), or with `--in-memory` one from
+//! `Store::builder().open_in_memory()` (the same code, no disk). Each line also gives the CPU
+//! time the layer or middleware adds per request: the process's CPU per request through it
+//! less that of the bare app in the same run.
 //! A replay is a POST whose key completed earlier; a fresh-key POST claims, runs the handler
 //! and completes. The bare app runs its handler for every request.
 
@@ -35,10 +38,15 @@ const ANSWER: &str = r#"{"id":"pay_1","amount":4999,"currency":"usd","customerId
 fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
     let (mut seconds, mut runs, mut dir) = (3.0_f64, 3_usize, std::env::temp_dir());
+    let mut in_memory = false;
     while let Some(flag) = args.next() {
         if flag == "-h" || flag == "--help" {
-            println!("usage: http_bench [--seconds S] [--runs N] [--dir PATH]");
+            println!("usage: http_bench [--seconds S] [--runs N] [--dir PATH] [--in-memory]");
             return Ok(());
+        }
+        if flag == "--in-memory" {
+            in_memory = true;
+            continue;
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -50,7 +58,11 @@ fn main() -> Result<(), BoxError> {
     }
     let window = Duration::from_secs_f64(seconds);
     let tmp = tempfile::tempdir_in(&dir)?;
-    let store = Arc::new(Store::open(tmp.path().join("http-bench.redb"))?);
+    let store = Arc::new(if in_memory {
+        Store::builder().open_in_memory()?
+    } else {
+        Store::open(tmp.path().join("http-bench.redb"))?
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -72,27 +84,27 @@ fn main() -> Result<(), BoxError> {
     let mut rows = Vec::new();
     for clients in [1, 64] {
         for (workload, fresh) in [("replay", false), ("fresh", true)] {
-            let mut rates = vec![(Vec::new(), Vec::new()); servers.len()];
+            let mut rates = vec![(Vec::new(), Vec::new(), Vec::new()); servers.len()];
             for run in 0..runs {
-                for ((name, bare, covered), (bare_rates, covered_rates)) in
+                for ((name, bare, covered), (bare_rates, covered_rates, extra_cpu)) in
                     servers.iter().zip(&mut rates)
                 {
                     let tag = format!("{name}-{workload}-{clients}-{run}");
-                    bare_rates.push(drive(*bare, clients, window, fresh, &format!("b{tag}"))?);
-                    covered_rates.push(drive(
-                        *covered,
-                        clients,
-                        window,
-                        fresh,
-                        &format!("l{tag}"),
-                    )?);
+                    let (rate, cpu) = drive(*bare, clients, window, fresh, &format!("b{tag}"))?;
+                    bare_rates.push(rate);
+                    let (rate, covered_cpu) =
+                        drive(*covered, clients, window, fresh, &format!("l{tag}"))?;
+                    covered_rates.push(rate);
+                    extra_cpu.push(covered_cpu - cpu);
                 }
             }
-            for ((name, _, _), (bare_rates, covered_rates)) in servers.iter().zip(rates) {
+            for ((name, _, _), (bare_rates, covered_rates, extra_cpu)) in servers.iter().zip(rates)
+            {
                 let (b, l) = (median(bare_rates), median(covered_rates));
                 println!(
-                    "{name:<5} {workload:<7} {clients:>2} clients: bare {b:>9.0}/s  idempotent {l:>9.0}/s  ratio {:.2}",
-                    l / b
+                    "{name:<5} {workload:<7} {clients:>2} clients: bare {b:>9.0}/s  idempotent {l:>9.0}/s  ratio {:.2}  added CPU {:.1} µs/request",
+                    l / b,
+                    median(extra_cpu)
                 );
                 rows.push((*name, workload, clients, l));
             }
@@ -186,15 +198,17 @@ fn serve_actix(store: Option<Arc<Store>>) -> Result<SocketAddr, BoxError> {
     Ok(addr)
 }
 
-/// Requests per second from `clients` keep-alive connections over `window`. Replays: each
-/// client repeats one key (completed during the warm-up). Fresh: a new key per request.
+/// Requests per second from `clients` keep-alive connections over `window`, and the process's
+/// CPU time per request in µs (clients and server: the same clients' share cancels out when
+/// two apps are compared). Replays: each client repeats one key (completed during the
+/// warm-up). Fresh: a new key per request.
 fn drive(
     addr: SocketAddr,
     clients: usize,
     window: Duration,
     fresh: bool,
     tag: &str,
-) -> Result<f64, BoxError> {
+) -> Result<(f64, f64), BoxError> {
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let counting = Arc::new(AtomicBool::new(false));
@@ -236,16 +250,39 @@ fn drive(
         .collect();
     ready.wait();
     std::thread::sleep(Duration::from_millis(200)); // warm-up
+    let cpu_before = process_cpu();
     counting.store(true, Ordering::SeqCst);
     let started = Instant::now();
     std::thread::sleep(window);
     counting.store(false, Ordering::SeqCst);
-    let rate = done.load(Ordering::SeqCst) as f64 / started.elapsed().as_secs_f64();
+    let requests = done.load(Ordering::SeqCst) as f64;
+    let rate = requests / started.elapsed().as_secs_f64();
+    let cpu = process_cpu().saturating_sub(cpu_before).as_secs_f64() * 1e6 / requests.max(1.0);
     stop.store(true, Ordering::SeqCst);
     for thread in threads {
         thread.join().map_err(|_| "client panicked")??;
     }
-    Ok(rate)
+    Ok((rate, cpu))
+}
+
+/// The CPU time (user and system) this process has used, from `/proc/self/stat` (zero where
+/// there is none); in clock ticks of 10 ms, which a window of seconds makes fine enough.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime: fields 14 and 15 of the line, 11 and 12 counted from the state (0).
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// The store's own durable claim+complete pairs per second from `threads` threads.

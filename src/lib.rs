@@ -176,6 +176,13 @@ pub mod admin {
     pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
 }
 
+/// A backend's calls as futures, for async adapters ([`IdempotencyStore::nonblocking`]): the
+/// tower layer and the actix middleware await them instead of holding a blocking-pool thread.
+/// A service calling the store itself never needs them.
+pub mod nonblocking {
+    pub use crate::api::nonblocking::{AsyncStore, Blocking, StoreFuture};
+}
+
 /// What a store has done since it was opened, as [`IdempotencyStore::metrics`] returns it:
 /// the same counters and latency histograms on every backend, so that dashboards work on
 /// either (with the `metrics` feature they also go to the application's `metrics` recorder).

@@ -3,7 +3,10 @@
 //! (`tests/adapters/`). Each case runs once per framework, as `tower_layer::CASE` and
 //! `actix_middleware::CASE`:
 //!
-//! - 200 concurrent POSTs with one key: the handler runs once, all get its answer;
+//! - 200 concurrent POSTs with one key: the handler runs once, all get its answer (with the
+//!   store's awaited calls, and with a store that has none, through the blocking pool);
+//! - 400 fresh keys from 16 clients on a durable file: each handler runs once, and each
+//!   retry replays its own answer;
 //! - a replay is byte-exact (status, headers, body);
 //! - 409 with `Retry-After` while the first attempt runs; 422 for a changed body; 400 for a
 //!   missing or malformed key;
@@ -64,9 +67,24 @@ fn comparable(reply: &Reply) -> Vec<(String, String)> {
 }
 
 fn two_hundred_duplicates_run_once(adapter: &Adapter) {
+    duplicates_run_once(adapter, memory_store());
+}
+
+/// The same through the blocking pool: a `Box` hides the store's awaited calls
+/// (`IdempotencyStore::nonblocking`), as `PgStore` has none.
+fn two_hundred_duplicates_run_once_on_the_blocking_pool(adapter: &Adapter) {
+    let boxed: Arc<dyn IdempotencyStore> = Arc::new(Box::new(memory_store()));
+    assert!(
+        Arc::clone(&boxed).nonblocking().is_none(),
+        "a Box forwards none"
+    );
+    duplicates_run_once(adapter, boxed);
+}
+
+fn duplicates_run_once(adapter: &Adapter, store: impl IdempotencyStore + 'static) {
     let handler = Handler::new(Duration::from_millis(500));
     let options = HandleOptions::new().wait(Duration::from_secs(10));
-    let server = start(adapter, memory_store(), options, &handler);
+    let server = start(adapter, store, options, &handler);
     let http = Client::new(server.addr).with_timeout(Duration::from_secs(30));
     let replies: Vec<Reply> = std::thread::scope(|s| {
         let sends: Vec<_> = (0..200)
@@ -89,6 +107,59 @@ fn two_hundred_duplicates_run_once(adapter: &Adapter) {
         assert_eq!(reply.status, 201, "{}: {reply:?}", adapter.name);
         assert_eq!(reply.body, "charged, run 1", "{}", adapter.name);
     }
+}
+
+/// Fresh keys from many clients at once, on a durable file: the claims and completions share
+/// group commits (awaited by the requests, led from the blocking pool), every key's handler
+/// runs once, and each retry replays that run's own answer.
+fn many_fresh_keys_each_run_once_and_replay_their_own_answer(adapter: &Adapter) {
+    const CLIENTS: usize = 16;
+    const KEYS: usize = 25;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Store::open(dir.path().join("fresh.redb")).expect("store");
+    let handler = Handler::new(Duration::ZERO);
+    let server = start(adapter, store, HandleOptions::new(), &handler);
+    let http = Client::new(server.addr).with_timeout(Duration::from_secs(30));
+    let firsts: Vec<Vec<Reply>> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let http = &http;
+                s.spawn(move || {
+                    (0..KEYS)
+                        .map(|k| {
+                            let key = format!("fresh-{c}-{k}");
+                            http.post("/payments", Some(&key), BODY).expect("post")
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|t| t.join().expect("client"))
+            .collect()
+    });
+    assert_eq!(handler.runs(), CLIENTS * KEYS, "{}", adapter.name);
+    for (c, replies) in firsts.iter().enumerate() {
+        for (k, first) in replies.iter().enumerate() {
+            assert_eq!(
+                (first.status, first.replayed()),
+                (201, false),
+                "{}: {first:?}",
+                adapter.name
+            );
+            let key = format!("fresh-{c}-{k}");
+            let again = http.post("/payments", Some(&key), BODY).expect("post");
+            assert_eq!(
+                (again.status, again.replayed()),
+                (201, true),
+                "{}: {again:?}",
+                adapter.name
+            );
+            assert_eq!(again.body, first.body, "{}: {key}", adapter.name);
+        }
+    }
+    assert_eq!(handler.runs(), CLIENTS * KEYS, "{}", adapter.name);
 }
 
 fn replay_is_byte_exact(adapter: &Adapter) {
@@ -386,6 +457,8 @@ macro_rules! for_each_adapter {
 
 for_each_adapter!(
     two_hundred_duplicates_run_once,
+    two_hundred_duplicates_run_once_on_the_blocking_pool,
+    many_fresh_keys_each_run_once_and_replay_their_own_answer,
     replay_is_byte_exact,
     in_flight_is_409,
     changed_body_is_422,

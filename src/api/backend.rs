@@ -1,11 +1,13 @@
 //! One API over every backend: the [`IdempotencyStore`] trait.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::Metrics;
+use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, Outcome, RecordView, Replay};
 use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
@@ -112,6 +114,17 @@ pub trait IdempotencyStore: Send + Sync {
     /// ([`Store::cached_replay`](crate::Store::cached_replay)).
     fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
         let _ = (key, fingerprint);
+        None
+    }
+
+    /// The calls of this store that await their durable commit without holding a thread
+    /// ([`AsyncStore`]), if it has them; the tower layer and the actix middleware use them
+    /// where they can. `None` (the default, and `PgStore`'s): call the blocking methods on a
+    /// thread that may block. The redb [`Store`](crate::Store) has them. A backend that returns `Some` also answers
+    /// [`now`](IdempotencyStore::now) without blocking.
+    ///
+    /// Forwarded by `Arc<T>`; `&T` and `Box<T>` have none.
+    fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
         None
     }
 
@@ -437,10 +450,16 @@ pub(crate) fn poll_claim_wait<S: IdempotencyStore + ?Sized>(
     }
 }
 
-/// Forwards every method, `execute` included, to the store behind a pointer.
+/// Forwards every method, `execute` included, to the store behind a pointer; `nonblocking`
+/// as `$nonblocking` says, which needs the store in an `Arc` of its own.
 macro_rules! forward {
-    ($($ptr:ty),*) => {$(
+    ($($ptr:ty => |$this:ident| $nonblocking:expr),*) => {$(
         impl<T: IdempotencyStore + ?Sized> IdempotencyStore for $ptr {
+            fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
+                let $this = self;
+                $nonblocking
+            }
+
             fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
                 (**self).claim(key, fingerprint)
             }
@@ -526,4 +545,8 @@ macro_rules! forward {
     )*};
 }
 
-forward!(&T, Box<T>, std::sync::Arc<T>);
+forward!(
+    &T => |_this| None,
+    Box<T> => |_this| None,
+    Arc<T> => |this| Arc::clone(&*this).nonblocking()
+);

@@ -8,6 +8,7 @@ pub(crate) mod fingerprint;
 pub(crate) mod heartbeat;
 pub(crate) mod key;
 pub(crate) mod metrics;
+pub(crate) mod nonblocking;
 pub(crate) mod outcome;
 pub(crate) mod publish;
 pub(crate) mod record;

@@ -11,9 +11,20 @@
 //! exactly its batch's callers and the next leader, not every waiter (with 64 callers a shared
 //! condvar made every commit a thundering herd, and halved the batches), and no caller can be
 //! handed another call's kind of result.
+//!
+//! A caller that must not block (an async task) queues its call with [`Committer::enqueue`]
+//! and awaits its slot as a future ([`Waiting`]). It cannot lead on its own thread, so its call
+//! carries an [`Appoint`]: when the call is at the head of the queue and must lead, the
+//! appointment starts a leader on a thread that may block ([`Committer::lead_async`]), which
+//! goes on leading as long as the next call is another such caller's. A lone async caller then
+//! costs one hand-over to that thread, and under load one thread leads batch after batch while
+//! the callers only wait for their wake-ups.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -35,10 +46,17 @@ struct Queue {
     leader: bool,
 }
 
-/// Where one caller waits for its turn to lead or for its result.
+/// Where one caller waits for its turn to lead or for its result: a thread on the condvar,
+/// a task through its waker.
 pub(crate) struct Slot<T> {
-    turn: Mutex<Turn<T>>,
+    state: Mutex<State<T>>,
     changed: Condvar,
+}
+
+struct State<T> {
+    turn: Turn<T>,
+    /// The task to wake when the turn changes (an async caller's).
+    waker: Option<Waker>,
 }
 
 enum Turn<T> {
@@ -50,7 +68,10 @@ enum Turn<T> {
 impl<T> Default for Slot<T> {
     fn default() -> Self {
         Slot {
-            turn: Mutex::new(Turn::Queued),
+            state: Mutex::new(State {
+                turn: Turn::Queued,
+                waker: None,
+            }),
             changed: Condvar::new(),
         }
     }
@@ -58,19 +79,67 @@ impl<T> Default for Slot<T> {
 
 impl<T> Slot<T> {
     fn set(&self, turn: Turn<T>) {
-        *self.turn.lock() = turn;
+        let waker = {
+            let mut state = self.state.lock();
+            state.turn = turn;
+            state.waker.take()
+        };
         self.changed.notify_one();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
     /// Waits until this caller leads or has its result.
     fn wait(&self) -> Turn<T> {
-        let mut turn = self.turn.lock();
-        while matches!(*turn, Turn::Queued) {
-            self.changed.wait(&mut turn);
+        let mut state = self.state.lock();
+        while matches!(state.turn, Turn::Queued) {
+            self.changed.wait(&mut state);
         }
-        std::mem::replace(&mut *turn, Turn::Queued)
+        std::mem::replace(&mut state.turn, Turn::Queued)
+    }
+
+    /// The result, or `Pending` with `cx`'s waker kept for `set`.
+    fn poll(&self, cx: &Context<'_>) -> Poll<Result<T>> {
+        let mut state = self.state.lock();
+        match std::mem::replace(&mut state.turn, Turn::Queued) {
+            Turn::Done(result) => Poll::Ready(result),
+            // An async caller is never handed the lead (its appointment is), but it must not
+            // wait forever if it were.
+            Turn::Lead => Poll::Ready(Err(Error::storage(
+                "committing a batch",
+                std::io::Error::other("an async caller was asked to lead a batch"),
+            ))),
+            Turn::Queued => {
+                match &mut state.waker {
+                    Some(waker) => waker.clone_from(cx.waker()),
+                    None => state.waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
     }
 }
+
+/// An async caller's result on its way (see [`Committer::enqueue`]): ready once its batch is
+/// durable or has failed. Dropping it does not withdraw the call, which runs all the same.
+pub(crate) struct Waiting<T> {
+    slot: Arc<Slot<T>>,
+}
+
+impl<T> Future for Waiting<T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        self.slot.poll(cx)
+    }
+}
+
+/// What an async caller's call does when it must lead its batch: start
+/// [`Committer::lead_async`] (through the engine) on a thread that may block, without
+/// blocking itself. It is called at most once, and dropped uncalled when another leader takes
+/// the call into its batch.
+pub(crate) type Appoint = Box<dyn FnOnce() + Send>;
 
 /// A caller's result on its way: the call's own result once applied, handed over only when the
 /// batch's fate is known. Dropped without a verdict (a batch abandoned by a panic), it hands
@@ -113,8 +182,11 @@ impl<T> Drop for Reply<T> {
 
 /// A queued write call with its result type erased, so calls of every kind share a batch.
 pub(crate) trait Pending: Send {
-    /// Appoints this call's caller to lead the next batch.
-    fn lead(&self);
+    /// Appoints this call's caller to lead the next batch; for an async caller, the
+    /// appointment to call once the queue's lock is let go.
+    fn lead(&mut self) -> Option<Appoint>;
+    /// Whether the caller is async (see [`Committer::lead_async`]).
+    fn is_async(&self) -> bool;
     /// Applies the call; `Err` fails the whole batch.
     fn apply_direct(&mut self, tables: &mut Tables<Direct<'_>>, ctx: &mut Ctx) -> Result<()>;
     /// Applies the call; `Err` fails the whole batch.
@@ -131,6 +203,9 @@ pub(crate) trait Pending: Send {
 struct Queued<W: Write> {
     write: Option<W>,
     reply: Reply<W::Output>,
+    /// An async caller's appointment; `None` for a caller that leads on its own thread.
+    appoint: Option<Appoint>,
+    is_async: bool,
 }
 
 impl<W: Write> Queued<W> {
@@ -148,8 +223,16 @@ impl<W: Write> Queued<W> {
 }
 
 impl<W: Write> Pending for Queued<W> {
-    fn lead(&self) {
+    fn lead(&mut self) -> Option<Appoint> {
+        if self.is_async {
+            return self.appoint.take();
+        }
         self.reply.slot.set(Turn::Lead);
+        None
+    }
+
+    fn is_async(&self) -> bool {
+        self.is_async
     }
 
     fn apply_direct(&mut self, tables: &mut Tables<Direct<'_>>, ctx: &mut Ctx) -> Result<()> {
@@ -203,6 +286,22 @@ impl Job {
         Job::Write(Box::new(Queued {
             write: Some(write),
             reply: Reply::new(slot),
+            appoint: None,
+            is_async: false,
+        }))
+    }
+
+    /// `write` from an async caller, answered in `slot`, which leads through `appoint`.
+    pub(crate) fn write_async<W: Write>(
+        write: W,
+        slot: Arc<Slot<W::Output>>,
+        appoint: Appoint,
+    ) -> Job {
+        Job::Write(Box::new(Queued {
+            write: Some(write),
+            reply: Reply::new(slot),
+            appoint: Some(appoint),
+            is_async: true,
         }))
     }
 
@@ -214,11 +313,18 @@ impl Job {
         })
     }
 
-    fn lead(&self) {
+    fn lead(&mut self) -> Option<Appoint> {
         match self {
             Job::Write(write) => write.lead(),
-            Job::Sweep(sweep) => sweep.reply.slot.set(Turn::Lead),
+            Job::Sweep(sweep) => {
+                sweep.reply.slot.set(Turn::Lead);
+                None
+            }
         }
+    }
+
+    fn is_async(&self) -> bool {
+        matches!(self, Job::Write(write) if write.is_async())
     }
 }
 
@@ -278,22 +384,88 @@ impl Committer {
         }
     }
 
+    /// Queues an async caller's `job`, answered in `slot`, and returns the future of its
+    /// result. If no leader is active, the job's appointment starts one.
+    pub(crate) fn enqueue<T>(&self, job: Job, slot: Arc<Slot<T>>) -> Waiting<T> {
+        let appoint = {
+            let mut queue = self.queue.lock();
+            queue.jobs.push_back(job);
+            if std::mem::replace(&mut queue.leader, true) {
+                None
+            } else {
+                // No leader: the queue was empty, so the job is at its head.
+                queue.jobs.front_mut().and_then(Job::lead)
+            }
+        };
+        if let Some(appoint) = appoint {
+            appoint();
+        }
+        Waiting { slot }
+    }
+
+    /// Leads for an appointed async caller, on a thread that may block: its batch, and the
+    /// next ones as long as an async caller's call heads the queue (that caller only waits
+    /// for a wake-up, so this thread need not hand over to another). Returns when the queue
+    /// is empty or a caller that leads on its own thread is appointed.
+    pub(crate) fn lead_async<F>(&self, run: &F)
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        while self.lead_batch(run, true) {}
+    }
+
     fn lead<F>(&self, run: &F)
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        self.lead_batch(run, false);
+    }
+
+    /// Runs the batch at the head of the queue; true if this thread is to lead the next one
+    /// too (only with `keep`, see `lead_async`).
+    fn lead_batch<F>(&self, run: &F, keep: bool) -> bool
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
         let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch);
         // Declared after `batch`, so dropped before it even in a panic: the next leader is
         // appointed before this batch's callers get their results.
-        let handoff = Handoff { committer: self };
+        let handoff = Handoff {
+            committer: self,
+            passed: false,
+        };
         match run(&mut batch) {
             Ok(()) => batch.committed(),
             Err(err) => batch.failed(&err),
         }
         // The next batch starts before this one's callers are woken: waking dozens of threads
-        // takes the old leader a while, and the disk would sit idle meanwhile.
-        drop(handoff);
+        // takes the old leader a while, and the disk would sit idle meanwhile. (A leader that
+        // keeps the lead wakes its async callers first: a wake-up is short.)
+        let again = handoff.pass(keep);
         drop(batch);
+        again
+    }
+
+    /// Ends a leadership: the caller at the head of the queue is appointed to lead the next
+    /// batch, or, with `keep` and an async caller at the head, the leader keeps the lead
+    /// (true).
+    fn pass_on(&self, keep: bool) -> bool {
+        let appoint = {
+            let mut queue = self.queue.lock();
+            match queue.jobs.front_mut() {
+                Some(next) if keep && next.is_async() => return true,
+                Some(next) => next.lead(),
+                None => {
+                    queue.leader = false;
+                    None
+                }
+            }
+        };
+        // Outside the lock: an appointment hands work to another thread.
+        if let Some(appoint) = appoint {
+            appoint();
+        }
+        false
     }
 }
 
@@ -328,18 +500,24 @@ fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
 /// so 128 responses of 1 MiB made a batch of several hundred MiB.
 const BATCH_BYTES: usize = 4 << 20;
 
-/// Ends a leadership: the caller at the head of the queue is appointed to lead the next batch
-/// (also when this batch panicked).
+/// Ends a leadership (see `Committer::pass_on`), also when the batch panicked.
 struct Handoff<'a> {
     committer: &'a Committer,
+    passed: bool,
+}
+
+impl Handoff<'_> {
+    /// Passes the lead on now; true if this leader keeps it (`keep`, see `pass_on`).
+    fn pass(mut self, keep: bool) -> bool {
+        self.passed = true;
+        self.committer.pass_on(keep)
+    }
 }
 
 impl Drop for Handoff<'_> {
     fn drop(&mut self) {
-        let mut queue = self.committer.queue.lock();
-        match queue.jobs.front() {
-            Some(next) => next.lead(),
-            None => queue.leader = false,
+        if !self.passed {
+            self.committer.pass_on(false);
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::api::key::Key;
 use crate::api::metrics::EngineMetrics;
 use crate::api::record::Record;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
-use crate::engine::commit::{Batch, Committer, Job, Pending, Slot, SweepCall};
+use crate::engine::commit::{Appoint, Batch, Committer, Job, Pending, Slot, SweepCall, Waiting};
 use crate::engine::contain::{contain, contain_then};
 use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
@@ -284,6 +284,29 @@ impl Engine {
         let job = Job::write(write, Arc::clone(&slot));
         self.committer
             .submit(job, &slot, |batch| self.run_batch(batch))
+    }
+
+    /// Like [`write`](Self::write), for a caller that must not block: `write` is queued at
+    /// once and the returned future is woken with its result once the batch is durable. If
+    /// the call must lead its batch, `appoint` is called to have [`lead`](Self::lead) run on a
+    /// thread that may block (see `commit::Appoint`).
+    pub(crate) fn write_async<W: Write>(
+        &self,
+        write: W,
+        appoint: Appoint,
+    ) -> Result<Waiting<W::Output>> {
+        self.writable()?;
+        not_in_effect()?;
+        self.poison.check()?;
+        let slot = Arc::new(Slot::default());
+        let job = Job::write_async(write, Arc::clone(&slot), appoint);
+        Ok(self.committer.enqueue(job, slot))
+    }
+
+    /// Leads the batches of appointed async callers (see `write_async`). Blocks for as long
+    /// as it leads.
+    pub(crate) fn lead(&self) {
+        self.committer.lead_async(&|batch| self.run_batch(batch));
     }
 
     /// Deletes up to `limit` expired records in a transaction of their own.

@@ -1,12 +1,14 @@
 //! The steps of one covered request, shared by the sync [`handle`](super::handle) and the
-//! tower layer: each store call is its own step so that the layer can run it on the blocking
-//! pool.
+//! async adapters (the tower layer, the actix middleware): each store call is its own step so
+//! that an adapter can run it on the blocking pool, or await it where the store offers an
+//! `AsyncStore` (the claim and the settling call have async twins here, which share every
+//! decision with the blocking ones).
 
 use std::time::{Duration, Instant};
 
 use ::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
-use super::options::{HandleOptions, NotFinal, Takeover};
+use super::options::{BoxError, HandleOptions, NotFinal, Takeover};
 use super::prefer::PREFERENCE_APPLIED;
 use super::view::RequestView;
 use super::{
@@ -18,6 +20,8 @@ use crate::api::clock::SystemClock;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+#[cfg(any(feature = "tower", feature = "actix"))]
+use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
 use crate::error::Error;
@@ -143,15 +147,56 @@ pub(crate) fn claim<S: IdempotencyStore + ?Sized>(
     })
 }
 
+/// [`claim_now`] through the store's [`AsyncStore`]: awaited, holding no thread.
+#[cfg(any(feature = "tower", feature = "actix"))]
+pub(crate) async fn claim_now_async(
+    store: &dyn AsyncStore,
+    ticket: &Ticket,
+    blocking: &Blocking,
+) -> crate::error::Result<Claim> {
+    let attempt = |fingerprint| {
+        once_more_async(move || store.claim_with_id(&ticket.key, fingerprint, ticket.id, blocking))
+    };
+    let claim = attempt(ticket.fingerprint).await?;
+    match ticket.previous_to_try(&claim) {
+        Some(previous) => attempt(previous).await,
+        None => Ok(claim),
+    }
+}
+
+/// Awaits `call()`, and once more if it failed with its outcome unknown: the async twin of
+/// `once_more`.
+#[cfg(any(feature = "tower", feature = "actix"))]
+async fn once_more_async<T, F>(mut call: impl FnMut() -> F) -> crate::error::Result<T>
+where
+    F: Future<Output = crate::error::Result<T>>,
+{
+    match call().await {
+        Err(err) if Error::outcome_unknown(&err) => call().await,
+        other => other,
+    }
+}
+
 /// `attempt` with the ticket's fingerprint, and again with the previous policy's if the
 /// record was stored under that one.
 fn with_previous(
     ticket: &Ticket,
     attempt: impl Fn(Fingerprint) -> crate::error::Result<Claim>,
 ) -> crate::error::Result<Claim> {
-    match attempt(ticket.fingerprint)? {
-        Claim::Mismatch { stored } if Some(stored) == ticket.previous => attempt(stored),
-        claim => Ok(claim),
+    let claim = attempt(ticket.fingerprint)?;
+    match ticket.previous_to_try(&claim) {
+        Some(previous) => attempt(previous),
+        None => Ok(claim),
+    }
+}
+
+impl Ticket {
+    /// The previous policy's fingerprint, if `claim` found the record stored under it.
+    fn previous_to_try(&self, claim: &Claim) -> Option<Fingerprint> {
+        match claim {
+            Claim::Mismatch { stored } if Some(*stored) == self.previous => Some(*stored),
+            _ => None,
+        }
     }
 }
 
@@ -170,6 +215,18 @@ pub(crate) fn cached_replay<S: IdempotencyStore + ?Sized>(
     }
 }
 
+/// Whether [`decide`] writes for `claim`: a takeover under [`Takeover::AnswerUnknown`]
+/// stores its answer. (Otherwise it only asks the store's time.)
+#[cfg(any(feature = "tower", feature = "actix"))]
+pub(crate) fn decide_writes(options: &HandleOptions, claim: &crate::error::Result<Claim>) -> bool {
+    matches!(claim, Ok(Claim::Acquired(lease)) if answers_unknown(options, lease))
+}
+
+/// Whether `lease` is a takeover that must answer "outcome unknown" instead of running.
+fn answers_unknown(options: &HandleOptions, lease: &Lease) -> bool {
+    lease.attempt() > 1 && options.takeover == Takeover::AnswerUnknown
+}
+
 /// Maps the claim to the handler's run, a replay, 409 or 422; `held_for` is how long the
 /// holder of a key in flight has run, where this process knows it. Blocks (for the store's
 /// time on a 409, and to store the answer of a takeover that must not run again).
@@ -185,9 +242,7 @@ pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
         Err(err) => return Decided::Answer(failed(options, &err)),
     };
     Decided::Answer(match claim {
-        Claim::Acquired(lease)
-            if lease.attempt() > 1 && options.takeover == Takeover::AnswerUnknown =>
-        {
+        Claim::Acquired(lease) if answers_unknown(options, &lease) => {
             outcome_unknown(store, options, &lease)
         }
         Claim::Acquired(lease) => return Decided::Run(lease),
@@ -270,38 +325,176 @@ pub(crate) fn settle<S: IdempotencyStore + ?Sized>(
     response: Answer,
     started: Instant,
 ) -> Answer {
-    options.durations.record(&ticket.route, started.elapsed());
-    let releases = response.extensions().get::<NotFinal>().is_some()
-        || options.finality.releases(response.status());
-    if releases {
-        match once_more(|| store.release(lease)) {
-            Ok(()) | Err(Error::LeaseLost) => {}
-            Err(err) => options.report(&err),
+    Settling::new(options, ticket, response, started).finish(store, options, lease)
+}
+
+/// What the handler returned, on its way to the store: the settling call, then the answer
+/// ([`answer`](Settling::answer)), with a [`FollowUp`] call in the rare cases that need one.
+pub(crate) enum Settling {
+    /// Not final: the key is released, and the client gets the handler's answer.
+    Release(Answer),
+    /// Final: `stored` is completed, and the client gets `parts` and `body` with the
+    /// handler's `extensions`.
+    Complete {
+        parts: ::http::response::Parts,
+        body: Vec<u8>,
+        extensions: ::http::Extensions,
+        stored: Response,
+    },
+}
+
+/// A settling call's result; a completion hook's own error inside.
+pub(crate) type Settled = crate::error::Result<Result<(), BoxError>>;
+
+/// A settling call that did not store the handler's answer and needs one more store call.
+pub(crate) enum FollowUp {
+    /// The completion hook failed and stored nothing: release the key so that the retry runs
+    /// afresh.
+    Release,
+    /// The answer is too large to store (`why`): store the substitute in its place.
+    Substitute {
+        why: String,
+        extensions: ::http::Extensions,
+    },
+}
+
+impl Settling {
+    /// Records the run's duration and decides what to store.
+    pub(crate) fn new(
+        options: &HandleOptions,
+        ticket: &Ticket,
+        response: Answer,
+        started: Instant,
+    ) -> Settling {
+        options.durations.record(&ticket.route, started.elapsed());
+        let releases = response.extensions().get::<NotFinal>().is_some()
+            || options.finality.releases(response.status());
+        if releases {
+            return Settling::Release(response);
         }
-        return response;
+        let (mut parts, body) = response.into_parts();
+        let extensions = std::mem::take(&mut parts.extensions);
+        let stored = from_http(::http::Response::from_parts(parts.clone(), body.clone()));
+        Settling::Complete {
+            parts,
+            body,
+            extensions,
+            stored,
+        }
     }
-    let (mut parts, body) = response.into_parts();
-    let extensions = std::mem::take(&mut parts.extensions);
-    let stored = from_http(::http::Response::from_parts(parts.clone(), body.clone()));
-    match complete(store, options, lease, stored, &extensions) {
-        Ok(Ok(())) => {
-            parts.extensions = extensions;
-            ::http::Response::from_parts(parts, body)
+
+    /// The settling call, the answer and any follow-up. Blocks.
+    pub(crate) fn finish<S: IdempotencyStore + ?Sized>(
+        self,
+        store: &S,
+        options: &HandleOptions,
+        lease: &Lease,
+    ) -> Answer {
+        let settled = self.call(store, options, lease);
+        self.answer(options, settled)
+            .unwrap_or_else(|follow_up| follow_up.run(store, options, lease))
+    }
+
+    /// The settling call, once more after an error whose outcome is unknown. Blocks.
+    fn call<S: IdempotencyStore + ?Sized>(
+        &self,
+        store: &S,
+        options: &HandleOptions,
+        lease: &Lease,
+    ) -> Settled {
+        match self {
+            Settling::Release(_) => once_more(|| store.release(lease)).map(Ok),
+            Settling::Complete {
+                stored, extensions, ..
+            } => complete(store, options, lease, stored, extensions),
         }
-        Ok(Err(err)) => {
-            options.report(&*err);
-            // Nothing was stored: let the retry run afresh.
-            if let Err(err) = once_more(|| store.release(lease)) {
-                options.report(&err);
+    }
+
+    /// The settling call through the store's [`AsyncStore`], awaited; `None` if it must block
+    /// (a completion through the options' hook, which is the application's sync code).
+    #[cfg(any(feature = "tower", feature = "actix"))]
+    pub(crate) fn call_async<'a>(
+        &'a self,
+        store: &'a dyn AsyncStore,
+        options: &HandleOptions,
+        lease: &'a Lease,
+        blocking: &'a Blocking,
+    ) -> Option<impl Future<Output = Settled> + Send + 'a> {
+        if matches!(self, Settling::Complete { .. }) && options.complete.is_some() {
+            return None;
+        }
+        Some(async move {
+            match self {
+                Settling::Release(_) => once_more_async(|| store.release(lease, blocking)).await,
+                Settling::Complete { stored, .. } => {
+                    once_more_async(|| store.complete(lease, stored.clone(), blocking)).await
+                }
             }
-            options.answer(&Problem::internal())
+            .map(Ok)
+        })
+    }
+
+    /// The client's answer after the settling call, or the follow-up call it needs first.
+    pub(crate) fn answer(
+        self,
+        options: &HandleOptions,
+        settled: Settled,
+    ) -> Result<Answer, FollowUp> {
+        let (mut parts, body, extensions) = match self {
+            Settling::Release(answer) => {
+                match settled {
+                    Ok(Ok(())) | Err(Error::LeaseLost) => {}
+                    Ok(Err(err)) => options.report(&*err),
+                    Err(err) => options.report(&err),
+                }
+                return Ok(answer);
+            }
+            Settling::Complete {
+                parts,
+                body,
+                extensions,
+                ..
+            } => (parts, body, extensions),
+        };
+        match settled {
+            Ok(Ok(())) => {
+                parts.extensions = extensions;
+                Ok(::http::Response::from_parts(parts, body))
+            }
+            Ok(Err(err)) => {
+                options.report(&*err);
+                Err(FollowUp::Release)
+            }
+            Err(err @ Error::ResponseTooLarge { size, limit }) => {
+                options.report(&err);
+                let why = crate::api::response::too_large(size, limit);
+                Err(FollowUp::Substitute { why, extensions })
+            }
+            Err(err) => Ok(failed(options, &err)),
         }
-        Err(err @ Error::ResponseTooLarge { size, limit }) => {
-            options.report(&err);
-            let why = crate::api::response::too_large(size, limit);
-            substitute(store, options, lease, &why, &extensions)
+    }
+}
+
+impl FollowUp {
+    /// Makes the call and gives the client's answer. Blocks.
+    pub(crate) fn run<S: IdempotencyStore + ?Sized>(
+        self,
+        store: &S,
+        options: &HandleOptions,
+        lease: &Lease,
+    ) -> Answer {
+        match self {
+            FollowUp::Release => {
+                // Nothing was stored: let the retry run afresh.
+                if let Err(err) = once_more(|| store.release(lease)) {
+                    options.report(&err);
+                }
+                options.answer(&Problem::internal())
+            }
+            FollowUp::Substitute { why, extensions } => {
+                substitute(store, options, lease, &why, &extensions)
+            }
         }
-        Err(err) => failed(options, &err),
     }
 }
 
@@ -311,9 +504,9 @@ fn complete<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
     lease: &Lease,
-    response: Response,
+    response: &Response,
     extensions: &::http::Extensions,
-) -> crate::error::Result<Result<(), super::options::BoxError>> {
+) -> Settled {
     once_more(|| match &options.complete {
         Some(hook) => hook(lease, response.clone(), extensions),
         None => store.complete(lease, response.clone()).map(Ok),
@@ -359,7 +552,7 @@ fn store_response<S: IdempotencyStore + ?Sized>(
     stored: Response,
     extensions: &::http::Extensions,
 ) -> Answer {
-    match complete(store, options, lease, stored.clone(), extensions) {
+    match complete(store, options, lease, &stored, extensions) {
         Ok(Ok(())) => to_http(stored).unwrap_or_else(|_| options.answer(&Problem::internal())),
         Ok(Err(err)) => {
             options.report(&*err);

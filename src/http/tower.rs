@@ -22,7 +22,15 @@
 //!   is set, heartbeat, complete, release, the store's time) runs in
 //!   [`tokio::task::spawn_blocking`](https://docs.rs/tokio/1/tokio/task/fn.spawn_blocking.html):
 //!   nothing blocks an async worker thread, with the embedded `Store` and with `PgStore`'s
-//!   synchronous client alike. The layer needs a tokio runtime.
+//!   synchronous client alike. The layer needs a tokio runtime. Where the store offers
+//!   [`AsyncStore`](crate::nonblocking::AsyncStore) ([`IdempotencyStore::nonblocking`]; the redb `Store`
+//!   does), the claim, completion and release are awaited instead: the store decides in memory
+//!   on the async thread and queues its write in the group commit, whose leader runs on the
+//!   blocking pool (one trip per run of batches, not one per call) and wakes each waiting
+//!   request once its write is durable. A completion through
+//!   [`complete_with`](HandleOptions::complete_with)'s hook, a takeover under
+//!   [`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown), the heartbeat and the rare
+//!   second call after a failed completion still go to the blocking pool.
 //!   One call runs on the async thread first:
 //!   [`IdempotencyStore::cached_replay`], which
 //!   answers a retry of a key the store has replayed before from memory (no I/O, one short
@@ -50,9 +58,9 @@
 //!   takes the replay from memory where the store keeps one), or claims again with a
 //!   backoff (10 ms doubling to 250 ms) when another process holds the key; never past the
 //!   holder's lease or its own `wait`, then 409 as usual.
-//! - Claims go to the blocking pool through [`max_blocking`](IdempotencyLayer::max_blocking)
-//!   slots (default [`DEFAULT_MAX_BLOCKING`]). A request waits for a slot without a thread,
-//!   up to [`queue_timeout`](IdempotencyLayer::queue_timeout) (default
+//! - Claims go through [`max_blocking`](IdempotencyLayer::max_blocking) slots (default
+//!   [`DEFAULT_MAX_BLOCKING`]), whether on the blocking pool or awaited. A request waits for
+//!   a slot without a thread, up to [`queue_timeout`](IdempotencyLayer::queue_timeout) (default
 //!   [`DEFAULT_QUEUE_TIMEOUT`]), and is then answered 503 with `Retry-After: 1` (409 if it
 //!   was waiting for an attempt in flight), without touching the key.
 //! - A holder's heartbeat, completion and release need no slot: they wait at most behind
@@ -142,17 +150,13 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn shared(store: Arc<dyn IdempotencyStore>, options: HandleOptions) -> Self {
         IdempotencyLayer {
-            runner: Runner {
-                store,
-                options: Arc::new(options),
-                admission: Arc::new(Admission::new(DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT)),
-            },
+            runner: Runner::new(store, options),
         }
     }
 
-    /// At most `claims` of this layer's claims on tokio's blocking pool at once (default
-    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
-    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512)
+    /// At most `claims` of this layer's claims in flight at once, on tokio's blocking pool or
+    /// awaited (default [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot
+    /// without holding a thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512)
     /// less what the rest of the application runs there, so that a holder's heartbeat and
     /// completion, which need no slot, always find a thread soon.
     #[must_use]
@@ -386,11 +390,7 @@ where
     let answer = match collected {
         Ok(body) => {
             let response = Response::from_parts(parts, body.to_vec());
-            runner
-                .blocking(move |store, options| {
-                    flow::settle(store, options, &ticket, &lease, response, started)
-                })
-                .await
+            runner.settle(&ticket, lease, response, started).await
         }
         // The handler ran: its answer is lost, so a substitute keeps it from running again.
         Err(()) => {

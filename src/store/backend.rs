@@ -1,6 +1,7 @@
 //! The redb [`Store`] as an [`IdempotencyStore`]: the request path forwards to the inherent
 //! methods; the operator calls, which only the trait offers, are in `admin.rs` and `metrics.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::backend::IdempotencyStore;
@@ -8,11 +9,13 @@ use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::Metrics;
+use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
 use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::error::Result;
+use crate::store::nonblocking::Nonblocking;
 use crate::store::{Store, admin, metrics};
 
 impl IdempotencyStore for Store {
@@ -50,6 +53,10 @@ impl IdempotencyStore for Store {
 
     fn force_release(&self, key: &Key) -> Result<ForceRelease> {
         admin::force_release(self, key)
+    }
+
+    fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
+        Some(Arc::new(Nonblocking(self)))
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {

@@ -10,6 +10,7 @@ pub(crate) mod hooks;
 mod log_faults;
 pub(crate) mod maintenance;
 pub(crate) mod metrics;
+pub(crate) mod nonblocking;
 mod replay_cache;
 pub(crate) mod sweep;
 pub(crate) mod wait;
@@ -259,29 +260,45 @@ impl Store {
         id: Option<ClaimId>,
         seed: Option<Vec<u8>>,
     ) -> Result<Claim> {
+        match self.claim_read(key, fingerprint, id, seed)? {
+            Claiming::Answer(answer) => Ok(answer),
+            Claiming::Write(write) => self.engine.write(write).map(|c| self.live(c)),
+        }
+    }
+
+    /// A claim's answer from the record, where it needs no write, or the write that decides it.
+    fn claim_read(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        id: Option<ClaimId>,
+        seed: Option<Vec<u8>>,
+    ) -> Result<Claiming> {
         self.check_key(key)?;
         let now = self.engine.now();
         // A completed record does not change until it expires: no read transaction, page
         // cache or decode for a key replayed before (see `replay_cache`).
         if let Some(replay) = self.replays.get(key, fingerprint, now) {
-            return Ok(Claim::Completed(replay));
+            return Ok(Claiming::Answer(Claim::Completed(replay)));
         }
         if let Verdict::Answer(answer) = verdict(key, self.read(key)?, fingerprint, id, now) {
             if let Claim::Completed(replay) = &answer {
                 self.replays.insert(key, fingerprint, replay);
             }
-            return Ok(answer);
+            return Ok(Claiming::Answer(answer));
         }
-        self.engine
-            .write(ClaimKey {
-                key: key.clone(),
-                fingerprint,
-                id,
-                seed,
-            })
-            // The batch stamped the lease when it started; a batch that outlasted the lease must
-            // not hand it out.
-            .map(|claim| claim.unless_lapsed(self.engine.now()))
+        Ok(Claiming::Write(ClaimKey {
+            key: key.clone(),
+            fingerprint,
+            id,
+            seed,
+        }))
+    }
+
+    /// A claim's written answer: the batch stamped the lease when it started, and a batch that
+    /// outlasted the lease must not hand it out.
+    fn live(&self, claim: Claim) -> Claim {
+        claim.unless_lapsed(self.engine.now())
     }
 
     /// Stores the response for the lease's key, durably, and ends the lease. From then on
@@ -308,13 +325,26 @@ impl Store {
     }
 
     fn complete_unmetered(&self, lease: &Lease, response: Response) -> Result<()> {
+        let done = self
+            .complete_write(lease, response)
+            .and_then(|write| self.engine.write(write));
+        self.settled(lease, done)
+    }
+
+    /// The write of `complete`.
+    fn complete_write(&self, lease: &Lease, response: Response) -> Result<Complete> {
         self.check_size(response.size())?;
-        let done = self.engine.write(Complete {
+        Ok(Complete {
             key: lease.key.clone(),
             token: lease.token,
             response,
             retry: lease.in_doubt.get(),
-        });
+        })
+    }
+
+    /// After a settling call (`complete`, `release`): a lease whose call failed with its
+    /// outcome unknown is in doubt, and a settled key's waiters wake.
+    fn settled(&self, lease: &Lease, done: Result<()>) -> Result<()> {
         lease.in_doubt.after(&done);
         done?;
         self.waiters.wake(&lease.key);
@@ -336,15 +366,8 @@ impl Store {
     }
 
     fn release_unmetered(&self, lease: &Lease) -> Result<()> {
-        let done = self.engine.write(Release {
-            key: lease.key.clone(),
-            token: lease.token,
-            retry: lease.in_doubt.get(),
-        });
-        lease.in_doubt.after(&done);
-        done?;
-        self.waiters.wake(&lease.key);
-        Ok(())
+        let done = self.engine.write(release_write(lease));
+        self.settled(lease, done)
     }
 
     /// Extends the lease to `lease` (the configured duration) from now, and returns the new
@@ -469,5 +492,20 @@ impl Store {
     /// The key's record, expired or not.
     fn read(&self, key: &Key) -> Result<Option<Record>> {
         self.engine.read(key)
+    }
+}
+
+/// A claim's answer without a write, or its write.
+enum Claiming {
+    Answer(Claim),
+    Write(ClaimKey),
+}
+
+/// The write of `release`.
+fn release_write(lease: &Lease) -> Release {
+    Release {
+        key: lease.key.clone(),
+        token: lease.token,
+        retry: lease.in_doubt.get(),
     }
 }

@@ -40,7 +40,10 @@
 //! request is read into memory, at most [`max_body`](HandleOptions::max_body) bytes (413
 //! beyond, 400 if it cannot be read), and handed on as one chunk; a replay the store keeps in
 //! memory is answered on the worker; every other store call (claim, heartbeat, complete,
-//! release) runs on tokio's blocking pool, never on an actix worker thread; a duplicate waits
+//! release) runs on tokio's blocking pool, never on an actix worker thread, except where the
+//! store offers [`AsyncStore`](crate::nonblocking::AsyncStore) (the redb `Store` does): the claim,
+//! completion and release are then awaited on the worker, and only the store's group-commit
+//! leader runs on the blocking pool, once per run of batches; a duplicate waits
 //! for the attempt in flight on the runtime's timer, at most [`wait`](HandleOptions::wait);
 //! claims go through [`max_blocking`](Idempotency::max_blocking) slots, and a request that
 //! finds none within [`queue_timeout`](Idempotency::queue_timeout) gets 503; storage errors
@@ -124,17 +127,13 @@ impl Idempotency {
     #[must_use]
     pub fn shared(store: Arc<dyn IdempotencyStore>, options: HandleOptions) -> Self {
         Idempotency {
-            runner: Runner {
-                store,
-                options: Arc::new(options),
-                admission: Arc::new(Admission::new(DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT)),
-            },
+            runner: Runner::new(store, options),
         }
     }
 
-    /// At most `claims` of this middleware's claims on tokio's blocking pool at once (default
-    /// [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot without holding a
-    /// thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
+    /// At most `claims` of this middleware's claims in flight at once, on tokio's blocking pool
+    /// or awaited (default [`DEFAULT_MAX_BLOCKING`], at least 1); a request waits for a slot
+    /// without holding a thread. Keep it below the runtime's `max_blocking_threads` (tokio's default: 512) less
     /// what the rest of the application runs there, as for the tower layer.
     #[must_use]
     pub fn max_blocking(mut self, claims: usize) -> Self {
@@ -336,11 +335,7 @@ where
     let settled = match actix_web::body::to_bytes(body).await {
         Ok(body) => {
             let response = convert::answer(&mut head, body.to_vec());
-            runner
-                .blocking(move |store, options| {
-                    flow::settle(store, options, &ticket, &lease, response, started)
-                })
-                .await
+            runner.settle(&ticket, lease, response, started).await
         }
         // The handler ran: its answer is lost, so a substitute keeps it from running again.
         Err(err) => {

@@ -1,0 +1,120 @@
+//! The redb store's [`AsyncStore`]: a claim, completion or release queued in the group commit
+//! from an async task, whose future the commit wakes. A call that must lead its batch starts
+//! a leader on the caller's [`Blocking`] pool instead of leading on the task's thread; that
+//! leader goes on leading while async callers keep coming (see `engine::commit`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::api::fingerprint::Fingerprint;
+use crate::api::key::Key;
+use crate::api::metrics::Call;
+use crate::api::nonblocking::{AsyncStore, Blocking, StoreFuture};
+use crate::api::outcome::{Claim, ClaimId, Lease};
+use crate::api::response::Response;
+use crate::engine::commit::Appoint;
+use crate::store::{Claiming, Store, release_write};
+
+/// The store in an `Arc` of its own, which the leaders its calls start hold.
+pub(crate) struct Nonblocking(pub(crate) Arc<Store>);
+
+impl Nonblocking {
+    /// What a call does when it must lead its batch: the engine leads on a thread of
+    /// `blocking`.
+    fn appoint(&self, blocking: &Blocking) -> Appoint {
+        let (store, blocking) = (Arc::clone(&self.0), Arc::clone(blocking));
+        Box::new(move || {
+            let leader = Leader(store);
+            blocking(Box::new(move || drop(leader)));
+        })
+    }
+}
+
+/// Leads when dropped, run or not: `Blocking` may drop a closure without running it (a
+/// runtime shutting down), and an appointed leader that never led would stall every write.
+struct Leader(Arc<Store>);
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.0.engine.lead();
+    }
+}
+
+impl AsyncStore for Nonblocking {
+    fn claim_with_id<'a>(
+        &'a self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        id: ClaimId,
+        blocking: &Blocking,
+    ) -> StoreFuture<'a, Claim> {
+        let store = &*self.0;
+        let started = Instant::now();
+        let claiming = {
+            let _span = crate::api::trace::enter!("claim", "redb");
+            store.claim_read(key, fingerprint, Some(id), None)
+        };
+        let waiting = match claiming {
+            Ok(Claiming::Write(write)) => store.engine.write_async(write, self.appoint(blocking)),
+            Ok(Claiming::Answer(answer)) => {
+                let result = Ok(answer);
+                store.metrics.claimed(&result, started);
+                return Box::pin(std::future::ready(result));
+            }
+            Err(err) => Err(err),
+        };
+        Box::pin(async move {
+            let result = match waiting {
+                Ok(waiting) => waiting.await.map(|claim| store.live(claim)),
+                Err(err) => Err(err),
+            };
+            store.metrics.claimed(&result, started);
+            result
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        response: Response,
+        blocking: &Blocking,
+    ) -> StoreFuture<'a, ()> {
+        let store = &*self.0;
+        let started = Instant::now();
+        let waiting = {
+            let _span = crate::api::trace::enter!("complete", "redb");
+            store
+                .complete_write(lease, response)
+                .and_then(|write| store.engine.write_async(write, self.appoint(blocking)))
+        };
+        Box::pin(async move {
+            let done = match waiting {
+                Ok(waiting) => waiting.await,
+                Err(err) => Err(err),
+            };
+            let result = store.settled(lease, done);
+            store.metrics.settled(Call::Complete, &result, started);
+            result
+        })
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()> {
+        let store = &*self.0;
+        let started = Instant::now();
+        let waiting = {
+            let _span = crate::api::trace::enter!("release", "redb");
+            store
+                .engine
+                .write_async(release_write(lease), self.appoint(blocking))
+        };
+        Box::pin(async move {
+            let done = match waiting {
+                Ok(waiting) => waiting.await,
+                Err(err) => Err(err),
+            };
+            let result = store.settled(lease, done);
+            store.metrics.settled(Call::Release, &result, started);
+            result
+        })
+    }
+}
