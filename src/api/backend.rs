@@ -381,8 +381,9 @@ where
     });
     let period = crate::api::heartbeat::period(&lease, now);
     let twin = lease.twin();
+    let extend = |twin: &mut Lease| store.heartbeat(twin);
     let done =
-        crate::api::heartbeat::run_beating(store, twin, period, &|| {}, || operation(&mut lease));
+        crate::api::heartbeat::run_beating(&extend, twin, period, &|| {}, || operation(&mut lease));
     match done {
         Ok(response) => store_answer(store, &lease, response).map(Outcome::Executed),
         Err(err) => match once_more(|| store.release(&lease)) {

@@ -5,10 +5,13 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::outcome::Lease;
-use crate::error::Error;
+use crate::error::{Error, Result};
+
+/// The call that extends a lease: a store's `heartbeat`. A function, not the store, so that
+/// this file needs nothing of the store's trait, which runs heartbeats in `execute`.
+pub(crate) type Extend<'a> = &'a (dyn Fn(&mut Lease) -> Result<Timestamp> + Sync);
 
 /// The shortest heartbeat period, so that a tiny lease does not turn into a busy loop.
 const MIN_PERIOD: Duration = Duration::from_millis(10);
@@ -21,12 +24,8 @@ pub(crate) fn period(lease: &Lease, now: Timestamp) -> Duration {
 
 /// One heartbeat; `false` when the beating should stop (the lease is lost, and `lost` has
 /// been called).
-pub(crate) fn beat<S: IdempotencyStore + ?Sized>(
-    store: &S,
-    twin: &mut Lease,
-    lost: &(dyn Fn() + Sync),
-) -> bool {
-    match store.heartbeat(twin) {
+pub(crate) fn beat(extend: Extend<'_>, twin: &mut Lease, lost: &(dyn Fn() + Sync)) -> bool {
+    match extend(twin) {
         Ok(_) => true,
         Err(Error::LeaseLost) => {
             lost();
@@ -55,16 +54,13 @@ impl Drop for StopOnDrop<'_> {
 
 /// Runs `work` while a thread heartbeats `twin` every `period`; the thread stops (and is
 /// joined) when `work` returns or unwinds, or after calling `lost`.
-pub(crate) fn run_beating<S, T>(
-    store: &S,
+pub(crate) fn run_beating<T>(
+    extend: Extend<'_>,
     mut twin: Lease,
     period: Duration,
     lost: &(dyn Fn() + Sync),
     work: impl FnOnce() -> T,
-) -> T
-where
-    S: IdempotencyStore + ?Sized,
-{
+) -> T {
     let stop = Stop::default();
     std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -78,7 +74,7 @@ where
                 }
                 // Not under the lock: the work may finish meanwhile.
                 let go_on = parking_lot::MutexGuard::unlocked(&mut stopped, || {
-                    beat(store, &mut twin, lost)
+                    beat(extend, &mut twin, lost)
                 });
                 if !go_on {
                     return;

@@ -151,11 +151,13 @@ where
     let period = flow::heartbeat_period(store, options, &lease);
     let started = Instant::now();
     let response = match period {
-        Some(period) => {
-            heartbeat::run_beating(store, lease.twin(), period, &|| watch.mark_lost(), || {
-                handler(Some(&mut lease), &request)
-            })
-        }
+        Some(period) => heartbeat::run_beating(
+            &|twin| store.heartbeat(twin),
+            lease.twin(),
+            period,
+            &|| watch.mark_lost(),
+            || handler(Some(&mut lease), &request),
+        ),
         None => handler(Some(&mut lease), &request),
     };
     let answer = flow::settle(store, options, &ticket, &lease, response, started);

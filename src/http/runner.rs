@@ -187,7 +187,9 @@ impl Runner {
                 }
                 let (store, watch) = (Arc::clone(&store), watch.clone());
                 let beat = tokio::task::spawn_blocking(move || {
-                    let go_on = heartbeat::beat(&*store, &mut twin, &|| watch.mark_lost());
+                    let go_on = heartbeat::beat(&|twin| store.heartbeat(twin), &mut twin, &|| {
+                        watch.mark_lost()
+                    });
                     (twin, go_on)
                 });
                 match beat.await {
