@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use r2d2_postgres::PostgresConnectionManager;
 
-use super::conn::{Manager, Templates};
+use super::conn::Manager;
 use super::migrations::{check, migrate};
 #[cfg(doc)]
 use super::replication::FailoverSafety;
@@ -200,7 +200,7 @@ impl PgStoreBuilder {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
-        let mut durable = Sql::new(&self.schema, limits.is_some(), true);
+        let mut sql = Sql::new(&self.schema, limits.is_some());
         let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
@@ -221,7 +221,7 @@ impl PgStoreBuilder {
                 check(&mut client, &self.schema, limits.is_some())?;
             }
             if !settings.prepare_statements {
-                routines::route(&mut client, &self.schema, self.migrate, &mut durable)?;
+                routines::route(&mut client, &self.schema, self.migrate, &mut sql)?;
             }
         }
         let pool = r2d2::Pool::builder()
@@ -237,10 +237,7 @@ impl PgStoreBuilder {
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
             pool: Some(pool),
-            sql: Arc::new(Templates {
-                durable,
-                lean: Sql::new(&self.schema, limits.is_some(), false),
-            }),
+            sql: Arc::new(sql),
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings,
