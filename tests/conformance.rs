@@ -1133,6 +1133,39 @@ fn postgres_without_prepared_statements_runs_routines() -> Result<()> {
     Ok(())
 }
 
+/// The store keeps nothing on a server session between its transactions, so that a
+/// transaction pooler may hand the session to another client (PgBouncer 1.21+ carries the
+/// prepared statements): with a session default of `synchronous_commit = local`, claims and
+/// completions, prepared (the default) or not, leave it in force; each write raises it for its
+/// own transaction only.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_sets_nothing_for_the_session() -> Result<()> {
+    let Some(db) = pg::Db::fresh("session") else {
+        return Ok(());
+    };
+    if std::env::var_os("IDEMPOTENCY_PG_POOLER").is_some() {
+        // PgBouncer ignores the startup option (`ignore_startup_parameters`).
+        eprintln!("skipped: IDEMPOTENCY_PG_POOLER is set, and this needs a direct server");
+        return Ok(());
+    }
+    for prepare in [true, false] {
+        let store = db.open_with("options", "-c synchronous_commit=local", prepare)?;
+        for n in 0..3 {
+            let key = Key::new(&format!("{prepare}-{n}"))?;
+            let lease = acquire(&store, &key, fp("a"));
+            store.complete(&lease, Response::new(201, "charged"))?;
+            assert!(matches!(store.claim(&key, fp("a"))?, Claim::Completed(_)));
+        }
+        let session = store.read_with(|txn| {
+            txn.query_one("SHOW synchronous_commit", &[])
+                .map(|row| row.get::<_, String>(0))
+        })?;
+        assert_eq!(session.ok().as_deref(), Some("local"), "prepare: {prepare}");
+    }
+    Ok(())
+}
+
 /// A schema left at migration 2 by an older build (`idempotency_lock_key` in `LANGUAGE sql`)
 /// is brought to the current version (the same function in PL/pgSQL, then in its cheaper
 /// form), its records intact.
@@ -1621,15 +1654,23 @@ mod pg {
 
         /// A store on this schema with one pooled connection, named `application_name`.
         pub fn open_named(&self, application_name: &str) -> Result<PgStore> {
+            self.open_with("application_name", application_name, true)
+        }
+
+        /// A store on this schema with one connection, whose connection string also sets
+        /// `key` to `value`, preparing its statements if `prepare`.
+        pub fn open_with(&self, key: &str, value: &str, prepare: bool) -> Result<PgStore> {
             let url = if self.url.starts_with("postgres") {
                 let sep = if self.url.contains('?') { '&' } else { '?' };
-                format!("{}{sep}application_name={application_name}", self.url)
+                let value = value.replace(' ', "%20").replace('=', "%3D");
+                format!("{}{sep}{key}={value}", self.url)
             } else {
-                format!("{} application_name={application_name}", self.url)
+                format!("{} {key}='{}'", self.url, value.replace('\'', "\\'"))
             };
             PgStore::builder()
                 .schema(self.schema.as_str())
                 .pool_size(1)
+                .prepare_statements(prepare)
                 .connect(&url)
         }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use r2d2_postgres::PostgresConnectionManager;
 
-use super::conn::{Manager, Templates};
+use super::conn::Manager;
 use super::migrations::{check, migrate};
 #[cfg(doc)]
 use super::replication::FailoverSafety;
@@ -84,16 +84,16 @@ impl PgStoreBuilder {
     /// Whether each pooled connection prepares the store's statements once (named prepared
     /// statements that live as long as the connection). Defaults to `true`.
     ///
-    /// Set it to `false` behind a **transaction-pooling proxy** (PgBouncer with `pool_mode =
-    /// transaction`, before 1.21 or without `max_prepared_statements`; managed poolers that
-    /// pool by transaction): such a proxy hands each transaction to any server connection,
-    /// where a statement prepared on another one does not exist (SQLSTATE 26000). Every
-    /// statement is then sent unnamed, with its parameter types, in one round trip, and
-    /// nothing outlives a transaction on the server. The price is the server's: it parses
-    /// and plans every statement, which measured as about half the claim and completion pairs
-    /// per second at 16 busy connections on a 2-core server (BENCHMARKS.md). Session pooling
-    /// and direct connections work either way; `docs/postgres.md` lists the safe pooler
-    /// settings. The connection string may say it too, and then wins:
+    /// Set it to `false` behind a **transaction-pooling proxy** that cannot carry prepared
+    /// statements (PgBouncer with `pool_mode = transaction` before 1.21 or with
+    /// `max_prepared_statements = 0`; other proxies that pool by transaction): such a proxy
+    /// hands each transaction to any server connection, where a statement prepared on another
+    /// one does not exist (SQLSTATE 26000). Every statement is then sent unnamed, with its
+    /// parameter types, in one round trip, the request path's as calls of routines that keep
+    /// their plans on the server (`docs/postgres.md`, "Poolers"). The price is the server's
+    /// CPU for each call (BENCHMARKS.md, "PgStore through PgBouncer"). PgBouncer 1.21 or later
+    /// with `max_prepared_statements` above 0, session pooling and direct connections work
+    /// with the default: the store keeps no other state on a server session. The connection string may say it too, and then wins:
     /// `prepare_statements=false` (a `key=value` pair or a URL query parameter; `PgStore`
     /// takes it out before the `postgres` crate parses the rest).
     pub fn prepare_statements(&mut self, prepare: bool) -> &mut Self {
@@ -200,7 +200,7 @@ impl PgStoreBuilder {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
-        let mut durable = Sql::new(&self.schema, limits.is_some(), true);
+        let mut sql = Sql::new(&self.schema, limits.is_some());
         let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
@@ -221,7 +221,7 @@ impl PgStoreBuilder {
                 check(&mut client, &self.schema, limits.is_some())?;
             }
             if !settings.prepare_statements {
-                routines::route(&mut client, &self.schema, self.migrate, &mut durable)?;
+                routines::route(&mut client, &self.schema, self.migrate, &mut sql)?;
             }
         }
         let pool = r2d2::Pool::builder()
@@ -237,10 +237,7 @@ impl PgStoreBuilder {
             .map_err(|e| Error::storage("opening the PostgreSQL connection pool", e))?;
         Ok(PgStore {
             pool: Some(pool),
-            sql: Arc::new(Templates {
-                durable,
-                lean: Sql::new(&self.schema, limits.is_some(), false),
-            }),
+            sql: Arc::new(sql),
             lease_ms: capped(millis(self.shared.lease), MAX_DURATION_MS),
             retention_ms: capped(millis(self.shared.retention), MAX_DURATION_MS),
             settings,

@@ -73,7 +73,7 @@ impl PgStore {
         let status = i32::from(response.status);
         let token = token_param(lease.token)?;
         let (scope, name) = parts(&lease.key);
-        let done = self.with_conn_running(true, |client, st| {
+        let done = self.with_conn(|client, st| {
             let mut txn = client
                 .transaction()
                 .map_err(|e| pg("starting a transaction", e))?;
@@ -141,7 +141,7 @@ impl PgStore {
         &self,
         read: impl FnOnce(&mut Transaction<'_>) -> std::result::Result<T, E> + Send,
     ) -> Result<std::result::Result<T, E>> {
-        self.with_conn_running(true, |client, _| {
+        self.with_conn(|client, _| {
             let mut txn = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::RepeatableRead)

@@ -5,23 +5,16 @@
 /// session's defaults: `synchronous_commit` raised to at least `on` (kept at `remote_apply`),
 /// so that with synchronous standbys the commit waits for one; and `client_min_messages`
 /// lowered to `warning` if it is `error`, so that the WARNING of a cancelled wait for a standby
-/// reaches the client (see `sync_wait`). With `true`, `set_config` lasts until the end of the
+/// reaches the client (see `sync_wait`). `set_config(…, true)` lasts until the end of the
 /// transaction, which an autocommit statement is, and commit reads it before it is undone;
-/// nothing outlives the transaction (PgBouncer's transaction pooling stays safe). With `false`
-/// it lasts for the session ([`SESSION_DURABLE`]). Being volatile, the calls run even though
-/// no statement reads their columns.
+/// nothing outlives the transaction (PgBouncer's transaction pooling stays safe). Being
+/// volatile, the calls run even though no statement reads their columns.
 macro_rules! durable {
-    ($local:literal) => {
-        concat!(
-            "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
-             WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, ",
-            $local,
-            ") AS durable, \
-             CASE WHEN current_setting('client_min_messages') = 'error' \
-             THEN set_config('client_min_messages', 'warning', ",
-            $local,
-            ") END AS warnings"
-        )
+    () => {
+        "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
+         WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS durable, \
+         CASE WHEN current_setting('client_min_messages') = 'error' \
+         THEN set_config('client_min_messages', 'warning', true) END AS warnings"
     };
 }
 
@@ -35,18 +28,12 @@ pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint
 pub(super) const WRITE_NOW: &str = concat!(
     "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
      floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, ",
-    durable!("true"),
+    durable!(),
     ")"
 );
 
 /// [`durable!`], for statements built at run time.
-pub(super) const DURABLE: &str = durable!("true");
-
-/// The same settings for the whole session: a connection that is the store's alone (one that
-/// prepares its statements) runs this once, and its statements then leave the two calls out,
-/// which cost about a sixth of the server's CPU per claim and completion. A later change of
-/// the server's or the role's defaults does not override a session's own setting.
-pub(super) const SESSION_DURABLE: &str = concat!("SELECT ", durable!("false"));
+pub(super) const DURABLE: &str = durable!();
 
 /// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
@@ -71,17 +58,11 @@ pub(super) fn try_key_lock(scope: &str, key: &str) -> String {
 }
 
 /// The start of a statement that must read the time after taking a lock: `w` runs `lock`, and
-/// only then does `c` read the time (`$1`, or the server's clock), with [`DURABLE`] if
-/// `durable`.
-pub(super) fn after_lock(lock: &str, durable: bool) -> String {
-    let durable = if durable {
-        format!(", {DURABLE}")
-    } else {
-        String::new()
-    };
+/// only then does `c` read the time (`$1`, or the server's clock).
+pub(super) fn after_lock(lock: &str) -> String {
     format!(
         "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
-         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now\
-         {durable} FROM w)"
+         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
+         {DURABLE} FROM w)"
     )
 }

@@ -21,7 +21,6 @@ use crate::api::settings::Settings;
 use crate::error::{Error, Result};
 pub use builder::PgStoreBuilder;
 use conn::Manager;
-use conn::Templates;
 pub use replication::FailoverSafety;
 use rows::{capped, millis_col, pg};
 use sql::Sql;
@@ -231,7 +230,7 @@ const MAX_TIME_MS: u64 = 1 << 61;
 pub struct PgStore {
     /// `None` only while the store is dropped.
     pool: Option<r2d2::Pool<Manager>>,
-    sql: Arc<Templates>,
+    sql: Arc<Sql>,
     settings: PgStoreBuilder,
     lease_ms: i64,
     retention_ms: i64,
@@ -318,16 +317,6 @@ impl PgStore {
         &self,
         body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
     ) -> Result<T> {
-        self.with_conn_running(false, body)
-    }
-
-    /// [`with_conn`](PgStore::with_conn) for a `body` that runs the caller's code (`foreign`),
-    /// after which the connection no longer trusts its session's settings (see `Conn::parts`).
-    fn with_conn_running<T: Send>(
-        &self,
-        foreign: bool,
-        body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
-    ) -> Result<T> {
         blocking::off_runtime(|| {
             let pool = self.pool.as_ref().ok_or_else(|| {
                 Error::storage(
@@ -341,7 +330,7 @@ impl PgStore {
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
             let result = conn
-                .parts(&self.sql, self.settings.prepare_statements, foreign)
+                .parts(&self.sql, self.settings.prepare_statements)
                 .and_then(|(client, st)| sync_wait::watched(|| body(client, st)));
             if matches!(result, Err(Error::Storage { .. })) {
                 conn.broken = true;

@@ -23,7 +23,8 @@ pub(super) fn pg(context: &'static str, err: ::postgres::Error) -> Error {
         | Some(&::postgres::error::SqlState::DUPLICATE_PSTATEMENT) => {
             "running a prepared statement on a server connection that lacks it or has another \
              of its name; behind a transaction-pooling proxy (PgBouncer pool_mode = \
-             transaction) connect with prepare_statements=false"
+             transaction) set the proxy's max_prepared_statements (PgBouncer 1.21 or later) \
+             or connect with prepare_statements=false"
         }
         _ => context,
     };

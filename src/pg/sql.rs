@@ -54,19 +54,14 @@ pub(super) struct Sql {
 }
 
 impl Sql {
-    /// The statements for `schema`. With `durable` each statement that writes raises its
-    /// commit's durability itself (`lock::DURABLE`); without, it relies on the session's
-    /// settings (`lock::SESSION_DURABLE`), which only a connection that is the store's alone
-    /// can: see `conn`.
-    pub(super) fn new(schema: &str, quota: bool, durable: bool) -> Sql {
+    pub(super) fn new(schema: &str, quota: bool) -> Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
         // A new key's insert needs only the advisory lock: no row means no write in flight
         // that does not hold it (deletions take it too). A takeover waits out writes to the row.
-        let insert_now = after_lock(&key_lock("$2", "$3"), durable);
-        let takeover_now = after_lock(&lock_function(schema, "$2", "$3"), durable);
-        let write_now = if durable { WRITE_NOW } else { NOW };
+        let insert_now = after_lock(&key_lock("$2", "$3"));
+        let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
         Sql {
             lock: Query::new(format!("SELECT {}", lock_function(schema, "$1", "$2"))),
             insert: Query::new(format!(
@@ -101,7 +96,7 @@ impl Sql {
                  RETURNING r.token, r.attempt, r.lease_until, r.checkpoint"
             )),
             complete: Query::new(format!(
-                "{write_now} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
+                "{WRITE_NOW} UPDATE {t} AS r SET state = 'completed', lease_until = NULL, \
                  checkpoint = NULL, response_status = $5::integer, response_headers = $6::bytea, \
                  response_body = $7::bytea, completed_at = c.now, \
                  expires_at = c.now + $8::bigint \
@@ -113,15 +108,15 @@ impl Sql {
             )),
             release: Query::new(format!(
                 "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
-                after_lock(&key_lock("$2", "$3"), durable)
+                after_lock(&key_lock("$2", "$3"))
             )),
             heartbeat: Query::new(format!(
-                "{write_now} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
+                "{WRITE_NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
                  expires_at = GREATEST(r.expires_at, c.now + $5::bigint) \
                  FROM c WHERE {FENCE} RETURNING r.lease_until"
             )),
             checkpoint: Query::new(format!(
-                "{write_now} UPDATE {t} AS r SET checkpoint = $5::bytea \
+                "{WRITE_NOW} UPDATE {t} AS r SET checkpoint = $5::bytea \
                  FROM c WHERE {FENCE} RETURNING r.token"
             )),
             // The victims are chosen once, in a materialized CTE: as `ctid IN (subquery)` the
@@ -130,7 +125,7 @@ impl Sql {
             // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
             // takes at most `$2` locks). Answers (deleted, candidates).
             sweep: Query::new(format!(
-                "{write_now}, doomed AS MATERIALIZED (\
+                "{WRITE_NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
                          x.key COLLATE \"C\" \
