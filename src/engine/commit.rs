@@ -18,7 +18,9 @@
 //! appointment starts a leader on a thread that may block ([`Committer::lead_async`]), which
 //! goes on leading as long as the next call is another such caller's. A lone async caller then
 //! costs one hand-over to that thread, and under load one thread leads batch after batch while
-//! the callers only wait for their wake-ups.
+//! the callers only wait for their wake-ups. Where a batch waits for no I/O (a store in
+//! memory), an async caller that finds no leader leads on its own thread instead
+//! ([`Committer::enqueue_inline`]): the hand-over and the wake-up cost more than the batch.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -399,6 +401,27 @@ impl Committer {
         };
         if let Some(appoint) = appoint {
             appoint();
+        }
+        Waiting { slot }
+    }
+
+    /// Like [`enqueue`](Self::enqueue), for a store whose batches never wait for I/O (one
+    /// held in memory): if no leader is active, this caller leads on its own thread at once,
+    /// its batch and the next ones while async callers' calls head the queue, so the returned
+    /// future is mostly ready when it is first polled. No thread is handed the call and none
+    /// is woken for it; a caller that finds a leader at work waits for that leader's wake-up
+    /// as in `enqueue`, and a sync caller at the head is appointed as always.
+    pub(crate) fn enqueue_inline<T, F>(&self, job: Job, slot: Arc<Slot<T>>, run: &F) -> Waiting<T>
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        let lead_now = {
+            let mut queue = self.queue.lock();
+            queue.jobs.push_back(job);
+            !std::mem::replace(&mut queue.leader, true)
+        };
+        if lead_now {
+            self.lead_async(run);
         }
         Waiting { slot }
     }

@@ -27,7 +27,8 @@
 //!   does), the claim, completion and release are awaited instead: the store decides in memory
 //!   on the async thread and queues its write in the group commit, whose leader runs on the
 //!   blocking pool (one trip per run of batches, not one per call) and wakes each waiting
-//!   request once its write is durable. A completion through
+//!   request once its write is durable; over a store in memory, which waits for no I/O, the
+//!   async thread commits the batch itself. A completion through
 //!   [`complete_with`](HandleOptions::complete_with)'s hook, a takeover under
 //!   [`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown), the heartbeat and the rare
 //!   second call after a failed completion still go to the blocking pool.
