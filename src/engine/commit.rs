@@ -421,9 +421,25 @@ impl Committer {
             !std::mem::replace(&mut queue.leader, true)
         };
         if lead_now {
-            self.lead_async(run);
+            self.lead_inline(run);
         }
         Waiting { slot }
+    }
+
+    /// Leads on an async caller's own thread (see `enqueue_inline`), but for at most
+    /// [`INLINE_BATCHES`] batches in a row: callers that keep coming from other threads must
+    /// not hold this one, whose other tasks wait, so after that the lead goes to the caller at
+    /// the head of the queue as it would from any leader (an async caller's appointment).
+    fn lead_inline<F>(&self, run: &F)
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        for _ in 0..INLINE_BATCHES {
+            if !self.lead_batch(run, true) {
+                return;
+            }
+        }
+        self.pass_on(false);
     }
 
     /// Leads for an appointed async caller, on a thread that may block: its batch, and the
@@ -523,6 +539,9 @@ fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
 /// so 128 responses of 1 MiB made a batch of several hundred MiB.
 const BATCH_BYTES: usize = 4 << 20;
 
+/// The most batches an async caller leads in a row on its own thread (`lead_inline`).
+const INLINE_BATCHES: usize = 8;
+
 /// Ends a leadership (see `Committer::pass_on`), also when the batch panicked.
 struct Handoff<'a> {
     committer: &'a Committer,
@@ -550,6 +569,7 @@ mod tests {
     use super::*;
     use crate::api::fingerprint::Fingerprint;
     use crate::api::key::Key;
+    use crate::api::outcome::Claim;
     use crate::engine::ops::ClaimKey;
 
     fn queue(calls: &str) -> VecDeque<Job> {
@@ -605,6 +625,40 @@ mod tests {
         assert_eq!(writes(completes(&[mib; 64]), 128), 4);
         assert_eq!(writes(completes(&[8 * mib, 1]), 128), 1);
         assert_eq!(writes(completes(&[100; 64]), 128), 64);
+    }
+
+    #[test]
+    fn an_inline_leader_hands_the_lead_on_after_a_few_batches() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let committer = Committer::new(128);
+        let appointed = Arc::new(AtomicBool::new(false));
+        let batches = AtomicUsize::new(0);
+        let async_call = || {
+            let appointed = Arc::clone(&appointed);
+            let claim = ClaimKey {
+                key: Key::new("k").expect("key"),
+                fingerprint: Fingerprint::of(["r"]),
+                id: None,
+                seed: None,
+            };
+            Job::write_async(
+                claim,
+                Arc::default(),
+                Box::new(move || appointed.store(true, Ordering::SeqCst)),
+            )
+        };
+        // Another async caller arrives during every batch, so the queue never runs dry.
+        let run = |_: &mut Batch| {
+            batches.fetch_add(1, Ordering::SeqCst);
+            drop(committer.enqueue(async_call(), Arc::<Slot<Claim>>::default()));
+            Ok(())
+        };
+        drop(committer.enqueue_inline(async_call(), Arc::<Slot<Claim>>::default(), &run));
+        assert_eq!(batches.load(Ordering::SeqCst), INLINE_BATCHES);
+        assert!(
+            appointed.load(Ordering::SeqCst),
+            "the caller at the head was appointed to lead"
+        );
     }
 
     #[test]
