@@ -112,7 +112,6 @@ use http_body_util::{BodyExt, Limited};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
-use super::Problem;
 use super::admission::{Admission, Holding};
 pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
 pub use super::drain::{Drain, DrainReport};
@@ -122,6 +121,7 @@ use super::options::{BoxError, HandleOptions};
 use super::prefer;
 use super::runner::{Claimed, Runner, unreadable};
 use super::view::RequestView;
+use super::{IDEMPOTENCY_KEY, Problem};
 use crate::api::backend::IdempotencyStore;
 use crate::api::outcome::Lease;
 
@@ -265,12 +265,13 @@ where
     if let Screen::Pass = flow::screen(&options, request.method(), request.headers()) {
         return inner.call(request).await;
     }
-    let headers = request.headers().clone();
-    let wait = prefer::wait(&options, &headers);
+    // Of the request's headers, the answer needs only the key (echoed), not a copy of all.
+    let key = request.headers().get(IDEMPOTENCY_KEY).cloned();
+    let wait = prefer::wait(&options, request.headers());
     let answer = covered(runner, inner, request, wait.bound).await?;
     Ok(into_body(flow::finish(
         &options,
-        &headers,
+        key.as_ref(),
         wait.applied,
         answer,
     )))
