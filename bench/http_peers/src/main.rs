@@ -102,7 +102,7 @@ fn main() -> Result<(), BoxError> {
             {
                 continue;
             }
-            let (rate, cpu) = drive(addr, connections, window, &format!("r{run}-{i}"), *name)?;
+            let (rate, cpu) = drive(addr, connections, window, &format!("r{run}-{i}"), name)?;
             println!("run {run} {name:<16} {rate:>9.0} POSTs/s {cpu:>6.1} µs CPU each");
             rates[i].push(rate);
             cpus[i].push(cpu);
