@@ -408,7 +408,9 @@ impl Committer {
     /// Like [`enqueue`](Self::enqueue), for a store whose batches never wait for I/O (one
     /// held in memory): if no leader is active, this caller leads on its own thread at once,
     /// its batch and the next ones while async callers' calls head the queue, so the returned
-    /// future is mostly ready when it is first polled. No thread is handed the call and none
+    /// future is mostly ready when it is first polled. Its batches take async callers' calls
+    /// only: a blocking caller's call may run the caller's own code (an effect), which must
+    /// not run on an async runtime's thread. No thread is handed the call and none
     /// is woken for it; a caller that finds a leader at work waits for that leader's wake-up
     /// as in `enqueue`, and a sync caller at the head is appointed as always.
     pub(crate) fn enqueue_inline<T, F>(&self, job: Job, slot: Arc<Slot<T>>, run: &F) -> Waiting<T>
@@ -435,7 +437,7 @@ impl Committer {
         F: Fn(&mut Batch) -> Result<()>,
     {
         for _ in 0..INLINE_BATCHES {
-            if !self.lead_batch(run, true) {
+            if !self.lead_batch(run, true, true) {
                 return;
             }
         }
@@ -450,23 +452,23 @@ impl Committer {
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        while self.lead_batch(run, true) {}
+        while self.lead_batch(run, true, false) {}
     }
 
     fn lead<F>(&self, run: &F)
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        self.lead_batch(run, false);
+        self.lead_batch(run, false, false);
     }
 
     /// Runs the batch at the head of the queue; true if this thread is to lead the next one
     /// too (only with `keep`, see `lead_async`).
-    fn lead_batch<F>(&self, run: &F, keep: bool) -> bool
+    fn lead_batch<F>(&self, run: &F, keep: bool, async_only: bool) -> bool
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch);
+        let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch, async_only);
         // Declared after `batch`, so dropped before it even in a panic: the next leader is
         // appointed before this batch's callers get their results.
         let handoff = Handoff {
@@ -511,7 +513,7 @@ impl Committer {
 /// Takes the next batch from the front of `jobs`: up to `max` write calls in arrival order,
 /// (and at most `BATCH_BYTES` of responses), but a sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
 /// transaction, never for a sweep sharing its own batch.
-fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
+fn take_batch(jobs: &mut VecDeque<Job>, max: usize, async_only: bool) -> Batch {
     if matches!(jobs.front(), Some(Job::Sweep(_)))
         && let Some(Job::Sweep(sweep)) = jobs.pop_front()
     {
@@ -522,6 +524,9 @@ fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
         let Some(Job::Write(next)) = jobs.front() else {
             break;
         };
+        if async_only && !next.is_async() {
+            break;
+        }
         let payload = next.payload();
         if !writes.is_empty() && bytes + payload > BATCH_BYTES {
             break;
@@ -591,7 +596,7 @@ mod tests {
     }
 
     fn batch_len(calls: &str, max: usize) -> usize {
-        match take_batch(&mut queue(calls), max) {
+        match take_batch(&mut queue(calls), max, false) {
             Batch::Writes(writes) => writes.len(),
             Batch::Sweep(_) => 1,
         }
@@ -613,7 +618,7 @@ mod tests {
     }
 
     fn writes(mut jobs: VecDeque<Job>, max: usize) -> usize {
-        match take_batch(&mut jobs, max) {
+        match take_batch(&mut jobs, max, false) {
             Batch::Writes(writes) => writes.len(),
             Batch::Sweep(_) => 1,
         }
@@ -658,6 +663,49 @@ mod tests {
         assert!(
             appointed.load(Ordering::SeqCst),
             "the caller at the head was appointed to lead"
+        );
+    }
+
+    #[test]
+    fn an_inline_leader_runs_no_blocking_callers_call() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let committer = Committer::new(128);
+        let claim = || ClaimKey {
+            key: Key::new("k").expect("key"),
+            fingerprint: Fingerprint::of(["r"]),
+            id: None,
+            seed: None,
+        };
+        let async_call = || Job::write_async(claim(), Arc::default(), Box::new(|| {}));
+        let blocking_slot = Arc::<Slot<Claim>>::default();
+        let batches = AtomicUsize::new(0);
+        // During the first batch an async call, then a blocking caller's, then another
+        // async one queue up behind it.
+        let run = |batch: &mut Batch| {
+            let Batch::Writes(writes) = batch else {
+                panic!("an inline leader ran a sweep");
+            };
+            assert!(
+                writes.iter().all(|w| w.is_async()),
+                "a blocking call ran inline"
+            );
+            if batches.fetch_add(1, Ordering::SeqCst) == 0 {
+                drop(committer.enqueue(async_call(), Arc::<Slot<Claim>>::default()));
+                let blocking = Job::write(claim(), Arc::clone(&blocking_slot));
+                drop(committer.enqueue(blocking, Arc::clone(&blocking_slot)));
+                drop(committer.enqueue(async_call(), Arc::<Slot<Claim>>::default()));
+            }
+            Ok(())
+        };
+        drop(committer.enqueue_inline(async_call(), Arc::<Slot<Claim>>::default(), &run));
+        assert_eq!(
+            batches.load(Ordering::SeqCst),
+            2,
+            "its own call, then the async one"
+        );
+        assert!(
+            matches!(blocking_slot.state.lock().turn, Turn::Lead),
+            "the blocking caller was appointed to lead on its own thread"
         );
     }
 
