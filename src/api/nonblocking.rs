@@ -32,8 +32,10 @@ pub type Blocking = Arc<dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync>;
 /// ready does not withdraw the call: it lands all the same (a claim's lease then lapses).
 ///
 /// A backend offers it when it can do this better than a blocking call on a thread pool;
-/// the redb [`Store`](crate::Store) does (its group commit wakes each waiting future), and
-/// it also answers [`now`](crate::IdempotencyStore::now) from memory. The tower layer and the
+/// the redb [`Store`](crate::Store) does (its group commit wakes each waiting future; a store
+/// [in memory](crate::StoreBuilder::open_in_memory) commits a caller's batch on the caller's
+/// own thread, since it waits for no I/O), and it also answers
+/// [`now`](crate::IdempotencyStore::now) from memory. The tower layer and the
 /// actix middleware use it where the store offers it.
 ///
 /// The redb store's leader, on a `Blocking` thread, holds the store (an `Arc`) until just

@@ -18,7 +18,9 @@
 //! appointment starts a leader on a thread that may block ([`Committer::lead_async`]), which
 //! goes on leading as long as the next call is another such caller's. A lone async caller then
 //! costs one hand-over to that thread, and under load one thread leads batch after batch while
-//! the callers only wait for their wake-ups.
+//! the callers only wait for their wake-ups. Where a batch waits for no I/O (a store in
+//! memory), an async caller that finds no leader leads on its own thread instead
+//! ([`Committer::enqueue_inline`]): the hand-over and the wake-up cost more than the batch.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -403,6 +405,43 @@ impl Committer {
         Waiting { slot }
     }
 
+    /// Like [`enqueue`](Self::enqueue), for a store whose batches never wait for I/O (one
+    /// held in memory): if no leader is active, this caller leads on its own thread at once,
+    /// its batch and the next ones while async callers' calls head the queue, so the returned
+    /// future is mostly ready when it is first polled. No thread is handed the call and none
+    /// is woken for it; a caller that finds a leader at work waits for that leader's wake-up
+    /// as in `enqueue`, and a sync caller at the head is appointed as always.
+    pub(crate) fn enqueue_inline<T, F>(&self, job: Job, slot: Arc<Slot<T>>, run: &F) -> Waiting<T>
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        let lead_now = {
+            let mut queue = self.queue.lock();
+            queue.jobs.push_back(job);
+            !std::mem::replace(&mut queue.leader, true)
+        };
+        if lead_now {
+            self.lead_inline(run);
+        }
+        Waiting { slot }
+    }
+
+    /// Leads on an async caller's own thread (see `enqueue_inline`), but for at most
+    /// [`INLINE_BATCHES`] batches in a row: callers that keep coming from other threads must
+    /// not hold this one, whose other tasks wait, so after that the lead goes to the caller at
+    /// the head of the queue as it would from any leader (an async caller's appointment).
+    fn lead_inline<F>(&self, run: &F)
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        for _ in 0..INLINE_BATCHES {
+            if !self.lead_batch(run, true) {
+                return;
+            }
+        }
+        self.pass_on(false);
+    }
+
     /// Leads for an appointed async caller, on a thread that may block: its batch, and the
     /// next ones as long as an async caller's call heads the queue (that caller only waits
     /// for a wake-up, so this thread need not hand over to another). Returns when the queue
@@ -500,6 +539,9 @@ fn take_batch(jobs: &mut VecDeque<Job>, max: usize) -> Batch {
 /// so 128 responses of 1 MiB made a batch of several hundred MiB.
 const BATCH_BYTES: usize = 4 << 20;
 
+/// The most batches an async caller leads in a row on its own thread (`lead_inline`).
+const INLINE_BATCHES: usize = 8;
+
 /// Ends a leadership (see `Committer::pass_on`), also when the batch panicked.
 struct Handoff<'a> {
     committer: &'a Committer,
@@ -527,6 +569,7 @@ mod tests {
     use super::*;
     use crate::api::fingerprint::Fingerprint;
     use crate::api::key::Key;
+    use crate::api::outcome::Claim;
     use crate::engine::ops::ClaimKey;
 
     fn queue(calls: &str) -> VecDeque<Job> {
@@ -582,6 +625,40 @@ mod tests {
         assert_eq!(writes(completes(&[mib; 64]), 128), 4);
         assert_eq!(writes(completes(&[8 * mib, 1]), 128), 1);
         assert_eq!(writes(completes(&[100; 64]), 128), 64);
+    }
+
+    #[test]
+    fn an_inline_leader_hands_the_lead_on_after_a_few_batches() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let committer = Committer::new(128);
+        let appointed = Arc::new(AtomicBool::new(false));
+        let batches = AtomicUsize::new(0);
+        let async_call = || {
+            let appointed = Arc::clone(&appointed);
+            let claim = ClaimKey {
+                key: Key::new("k").expect("key"),
+                fingerprint: Fingerprint::of(["r"]),
+                id: None,
+                seed: None,
+            };
+            Job::write_async(
+                claim,
+                Arc::default(),
+                Box::new(move || appointed.store(true, Ordering::SeqCst)),
+            )
+        };
+        // Another async caller arrives during every batch, so the queue never runs dry.
+        let run = |_: &mut Batch| {
+            batches.fetch_add(1, Ordering::SeqCst);
+            drop(committer.enqueue(async_call(), Arc::<Slot<Claim>>::default()));
+            Ok(())
+        };
+        drop(committer.enqueue_inline(async_call(), Arc::<Slot<Claim>>::default(), &run));
+        assert_eq!(batches.load(Ordering::SeqCst), INLINE_BATCHES);
+        assert!(
+            appointed.load(Ordering::SeqCst),
+            "the caller at the head was appointed to lead"
+        );
     }
 
     #[test]

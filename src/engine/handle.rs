@@ -60,6 +60,9 @@ pub(crate) struct Config {
     pub read_only: bool,
     /// What the open does with the log's rows of effect tables not in `effects` (see `kept`).
     pub unregistered: Unregistered,
+    /// The storage is memory (`open_in_memory`): a batch never waits for I/O, so an async
+    /// caller leads its batch on its own thread (see `Committer::enqueue_inline`).
+    pub in_memory: bool,
 }
 
 pub(crate) struct Engine {
@@ -289,7 +292,8 @@ impl Engine {
     /// Like [`write`](Self::write), for a caller that must not block: `write` is queued at
     /// once and the returned future is woken with its result once the batch is durable. If
     /// the call must lead its batch, `appoint` is called to have [`lead`](Self::lead) run on a
-    /// thread that may block (see `commit::Appoint`).
+    /// thread that may block (see `commit::Appoint`); in memory, where a batch does no I/O,
+    /// the caller leads on its own thread instead.
     pub(crate) fn write_async<W: Write>(
         &self,
         write: W,
@@ -300,6 +304,10 @@ impl Engine {
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::write_async(write, Arc::clone(&slot), appoint);
+        if self.config.in_memory {
+            let run = |batch: &mut Batch| self.run_batch(batch);
+            return Ok(self.committer.enqueue_inline(job, slot, &run));
+        }
         Ok(self.committer.enqueue(job, slot))
     }
 

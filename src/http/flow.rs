@@ -74,15 +74,17 @@ pub(crate) fn too_large(options: &HandleOptions, max: usize) -> Answer {
 
 /// Adds what every answer to a covered request carries: the request's `Idempotency-Key` as
 /// sent (see [`HandleOptions::echo_key`]) and the `Preference-Applied` of its wait.
+/// `key` is the request's `Idempotency-Key` header, if it has one (only that header is
+/// needed, so an adapter need not keep the request's whole header map).
 pub(crate) fn finish(
     options: &HandleOptions,
-    request: &HeaderMap,
+    key: Option<&HeaderValue>,
     applied: Option<HeaderValue>,
     mut answer: Answer,
 ) -> Answer {
     let headers = answer.headers_mut();
     if options.echo_key
-        && let Some(key) = request.get(IDEMPOTENCY_KEY)
+        && let Some(key) = key
     {
         headers.insert(IDEMPOTENCY_KEY, key.clone());
     }
@@ -374,7 +376,7 @@ impl Settling {
         }
         let (mut parts, body) = response.into_parts();
         let extensions = std::mem::take(&mut parts.extensions);
-        let stored = from_http(::http::Response::from_parts(parts.clone(), body.clone()));
+        let stored = super::response::stored_copy(&parts, &body);
         Settling::Complete {
             parts,
             body,

@@ -136,7 +136,8 @@ where
         return handler(None, &request);
     }
     let wait = prefer::wait(options, request.headers());
-    let finish = |answer| flow::finish(options, request.headers(), wait.applied.clone(), answer);
+    let key = request.headers().get(super::IDEMPOTENCY_KEY).cloned();
+    let finish = |answer| flow::finish(options, key.as_ref(), wait.applied.clone(), answer);
     let ticket = match flow::ticket(options, &RequestView::of(&request)) {
         Ok(ticket) => ticket,
         Err(answer) => return finish(*answer),
@@ -161,5 +162,5 @@ where
         None => handler(Some(&mut lease), &request),
     };
     let answer = flow::settle(store, options, &ticket, &lease, response, started);
-    flow::finish(options, request.headers(), wait.applied, answer)
+    flow::finish(options, key.as_ref(), wait.applied, answer)
 }

@@ -60,6 +60,23 @@ pub fn to_http(response: Response) -> Result<::http::Response<Vec<u8>>, InvalidR
 #[must_use]
 pub fn from_http(response: ::http::Response<Vec<u8>>) -> Response {
     let (parts, body) = response.into_parts();
+    Response {
+        body,
+        ..stored_head(&parts)
+    }
+}
+
+/// The stored form of a response whose parts and body the caller keeps (the flow answers
+/// the client with them): no copy of the parts first.
+pub(crate) fn stored_copy(parts: &::http::response::Parts, body: &[u8]) -> Response {
+    Response {
+        body: body.to_vec(),
+        ..stored_head(parts)
+    }
+}
+
+/// The stored status and headers of `parts`, with an empty body.
+fn stored_head(parts: &::http::response::Parts) -> Response {
     let headers = parts
         .headers
         .iter()
@@ -68,7 +85,7 @@ pub fn from_http(response: ::http::Response<Vec<u8>>) -> Response {
     Response {
         status: parts.status.as_u16(),
         headers,
-        body,
+        body: Vec::new(),
     }
 }
 

@@ -27,7 +27,8 @@
 //!   does), the claim, completion and release are awaited instead: the store decides in memory
 //!   on the async thread and queues its write in the group commit, whose leader runs on the
 //!   blocking pool (one trip per run of batches, not one per call) and wakes each waiting
-//!   request once its write is durable. A completion through
+//!   request once its write is durable; over a store in memory, which waits for no I/O, the
+//!   async thread commits the batch itself. A completion through
 //!   [`complete_with`](HandleOptions::complete_with)'s hook, a takeover under
 //!   [`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown), the heartbeat and the rare
 //!   second call after a failed completion still go to the blocking pool.
@@ -111,7 +112,6 @@ use http_body_util::{BodyExt, Limited};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
-use super::Problem;
 use super::admission::{Admission, Holding};
 pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
 pub use super::drain::{Drain, DrainReport};
@@ -121,6 +121,7 @@ use super::options::{BoxError, HandleOptions};
 use super::prefer;
 use super::runner::{Claimed, Runner, unreadable};
 use super::view::RequestView;
+use super::{IDEMPOTENCY_KEY, Problem};
 use crate::api::backend::IdempotencyStore;
 use crate::api::outcome::Lease;
 
@@ -264,12 +265,13 @@ where
     if let Screen::Pass = flow::screen(&options, request.method(), request.headers()) {
         return inner.call(request).await;
     }
-    let headers = request.headers().clone();
-    let wait = prefer::wait(&options, &headers);
+    // Of the request's headers, the answer needs only the key (echoed), not a copy of all.
+    let key = request.headers().get(IDEMPOTENCY_KEY).cloned();
+    let wait = prefer::wait(&options, request.headers());
     let answer = covered(runner, inner, request, wait.bound).await?;
     Ok(into_body(flow::finish(
         &options,
-        &headers,
+        key.as_ref(),
         wait.applied,
         answer,
     )))

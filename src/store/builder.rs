@@ -333,12 +333,22 @@ impl StoreBuilder {
         Ok(Store::new(engine, self.clone(), Some(path.to_path_buf())))
     }
 
-    /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`.
+    /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`. Since its
+    /// commits wait for no I/O, its async calls
+    /// ([`nonblocking`](crate::IdempotencyStore::nonblocking)) commit on the caller's own
+    /// thread rather than handing their batch to a thread of the blocking pool.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an out-of-range setting.
     pub fn open_in_memory(&self) -> Result<Store> {
-        self.open_with_backend(redb::backends::InMemoryBackend::new())
+        self.validate()?;
+        let config = Config {
+            in_memory: true,
+            ..self.engine_config()
+        };
+        let backend = Arc::new(redb::backends::InMemoryBackend::new());
+        let engine = open::open_backend(backend, config)?;
+        Ok(Store::new(engine, self.clone(), None))
     }
 
     /// Opens a store on a custom redb storage backend (for example one that injects faults in
@@ -380,6 +390,7 @@ impl StoreBuilder {
             } else {
                 Unregistered::Refuse
             },
+            in_memory: false,
         }
     }
 

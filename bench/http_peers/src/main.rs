@@ -12,8 +12,11 @@
 //!
 //! ```text
 //! cargo run --release --manifest-path bench/http_peers/Cargo.toml -- \
-//!     [--seconds S] [--runs N] [--connections C] [--dir PATH]
+//!     [--seconds S] [--runs N] [--connections C] [--dir PATH] [--only NAME,...]
 //! ```
+//!
+//! `--only` drives just the named systems (for a profile of one of them); the ratio columns
+//! then need `bare` and `axum-idempotent` among them.
 //!
 //! The server is tokio with 2 workers; the client is one thread driving `--connections`
 //! keep-alive HTTP/1.1 connections (default 64) on a runtime of its own, each sending a POST
@@ -49,9 +52,13 @@ fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
     let (mut seconds, mut runs, mut connections) = (3.0_f64, 3_usize, 64_usize);
     let mut dir = std::env::temp_dir();
+    let mut only: Option<Vec<String>> = None;
     while let Some(flag) = args.next() {
         if flag == "-h" || flag == "--help" {
-            println!("usage: http_peers [--seconds S] [--runs N] [--connections C] [--dir PATH]");
+            println!(
+                "usage: http_peers [--seconds S] [--runs N] [--connections C] [--dir PATH] \
+                 [--only NAME,...]"
+            );
             return Ok(());
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -60,6 +67,7 @@ fn main() -> Result<(), BoxError> {
             "--runs" => runs = value.parse()?,
             "--connections" => connections = value.parse()?,
             "--dir" => dir = value.into(),
+            "--only" => only = Some(value.split(',').map(str::to_owned).collect()),
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -77,19 +85,27 @@ fn main() -> Result<(), BoxError> {
             serve(&server, bare())?,
             serve(&server, axum_idempotent())?,
             serve(&server, idempotent_app()?)?,
-            serve(&server, ours(memory))?,
-            serve(&server, ours(file))?,
+            serve(&server, ours(Arc::clone(&memory)))?,
+            serve(&server, ours(Arc::clone(&file)))?,
         ]
     };
     for (name, addr) in SYSTEMS.iter().zip(addrs) {
         check_replays(addr, name)?;
     }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); SYSTEMS.len()];
+    let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); SYSTEMS.len()];
     for run in 0..runs {
         for (i, (name, addr)) in SYSTEMS.iter().zip(addrs).enumerate() {
-            let rate = drive(addr, connections, window, &format!("r{run}-{i}"), *name)?;
-            println!("run {run} {name:<16} {rate:>9.0} POSTs/s");
+            if only
+                .as_ref()
+                .is_some_and(|only| !only.iter().any(|o| o == name))
+            {
+                continue;
+            }
+            let (rate, cpu) = drive(addr, connections, window, &format!("r{run}-{i}"), name)?;
+            println!("run {run} {name:<16} {rate:>9.0} POSTs/s {cpu:>6.1} µs CPU each");
             rates[i].push(rate);
+            cpus[i].push(cpu);
         }
     }
     // Ratios are taken within each round (the machine's load moves between rounds), then
@@ -101,9 +117,15 @@ fn main() -> Result<(), BoxError> {
             .collect()
     };
     println!("\nfresh-key POSTs/s, {connections} connections, medians of {runs} rounds:");
-    println!("| system | POSTs/s (min-max) | / axum-idempotent (per round) | / bare (per round) |");
-    println!("|---|---:|---:|---:|");
-    for (name, all) in SYSTEMS.iter().zip(&rates) {
+    println!(
+        "| system | POSTs/s (min-max) | / axum-idempotent (per round) | / bare (per round) | \
+         CPU µs per POST |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for ((name, all), cpu) in SYSTEMS.iter().zip(&rates).zip(&cpus) {
+        if all.is_empty() {
+            continue;
+        }
         let (lo, hi) = all
             .iter()
             .fold((f64::MAX, 0.0_f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
@@ -112,11 +134,18 @@ fn main() -> Result<(), BoxError> {
             format!("**{:.2}** ({})", median(ratios), each.join(", "))
         };
         println!(
-            "| {name} | {:.0} ({lo:.0}-{hi:.0}) | {} | {} |",
+            "| {name} | {:.0} ({lo:.0}-{hi:.0}) | {} | {} | {:.1} |",
             median(all.clone()),
             show(ratios(all, &rates[1])),
-            show(ratios(all, &rates[0]))
+            show(ratios(all, &rates[0])),
+            median(cpu.clone())
         );
+    }
+    for (name, store) in [("ours-memory", &memory), ("ours-file", &file)] {
+        if let Some(engine) = idempotency_store::IdempotencyStore::metrics(&**store).engine {
+            let mean = engine.batched_ops as f64 / engine.batches.max(1) as f64;
+            println!("{name}: {mean:.1} write calls per group commit on average");
+        }
     }
     server.shutdown_timeout(Duration::from_secs(5));
     Ok(())
@@ -188,14 +217,15 @@ fn serve(runtime: &tokio::runtime::Runtime, app: Router) -> Result<SocketAddr, B
 }
 
 /// Fresh-key POSTs per second from `connections` keep-alive connections over `window`, after
-/// a 300 ms warm-up; every answer must be 201.
+/// a 300 ms warm-up, and the process's CPU time per POST in µs meanwhile (the client's
+/// included); every answer must be 201.
 fn drive(
     addr: SocketAddr,
     connections: usize,
     window: Duration,
     tag: &str,
     system: &str,
-) -> Result<f64, BoxError> {
+) -> Result<(f64, f64), BoxError> {
     let client = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -232,16 +262,39 @@ fn drive(
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
         counting.store(true, Ordering::SeqCst);
-        let started = Instant::now();
+        let (started, cpu_before) = (Instant::now(), process_cpu());
         tokio::time::sleep(window).await;
         counting.store(false, Ordering::SeqCst);
-        let rate = done.load(Ordering::SeqCst) as f64 / started.elapsed().as_secs_f64();
+        let requests = done.load(Ordering::SeqCst) as f64;
+        let rate = requests / started.elapsed().as_secs_f64();
+        let cpu =
+            (process_cpu().saturating_sub(cpu_before)).as_secs_f64() * 1e6 / requests.max(1.0);
         stop.store(true, Ordering::SeqCst);
         for task in tasks {
             task.await??;
         }
-        Ok(rate)
+        Ok((rate, cpu))
     })
+}
+
+/// The CPU time (user and system) this process has used, from `/proc/self/stat` (zero where
+/// there is none); in clock ticks of 10 ms, which a window of seconds makes fine enough.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime: fields 14 and 15 of the line, 11 and 12 counted from the state (0).
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// Checks that `system` does its job: the same key twice on one connection, the second
@@ -268,9 +321,10 @@ fn check_replays(addr: SocketAddr, system: &str) -> Result<(), BoxError> {
     })
 }
 
+/// The median; NaN for none (a ratio to a system that `--only` left out).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// One keep-alive HTTP/1.1 connection.

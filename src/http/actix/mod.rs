@@ -212,13 +212,13 @@ where
 /// What every answer to a covered request carries (`flow::finish`): the key echoed, and
 /// the `Preference-Applied` of its wait.
 struct Finish {
-    headers: ::http::HeaderMap,
+    key: Option<::http::HeaderValue>,
     applied: Option<::http::HeaderValue>,
 }
 
 impl Finish {
     fn apply(&self, options: &HandleOptions, answer: Answer) -> Answer {
-        flow::finish(options, &self.headers, self.applied.clone(), answer)
+        flow::finish(options, self.key.as_ref(), self.applied.clone(), answer)
     }
 }
 
@@ -243,7 +243,7 @@ where
     }
     let wait = prefer::wait(options, &headers);
     let finish = Finish {
-        headers: headers.clone(),
+        key: headers.get(super::IDEMPOTENCY_KEY).cloned(),
         applied: wait.applied,
     };
     let payload = request.extract::<web::Payload>().await?;
