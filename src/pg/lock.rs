@@ -8,11 +8,13 @@
 /// reaches the client (see `sync_wait`). `set_config(…, true)` lasts until the end of the
 /// transaction, which an autocommit statement is, and commit reads it before it is undone;
 /// nothing outlives the transaction (PgBouncer's transaction pooling stays safe). Being
-/// volatile, the calls run even though no statement reads their columns.
+/// volatile, the calls run even though no statement reads their columns. Each runs only when
+/// the setting falls short, which with the usual defaults it does not: reading a setting is
+/// cheaper than setting it, which also leaves the transaction a change to undo at its end.
 macro_rules! durable {
     () => {
-        "set_config('synchronous_commit', CASE current_setting('synchronous_commit') \
-         WHEN 'remote_apply' THEN 'remote_apply' ELSE 'on' END, true) AS durable, \
+        "CASE WHEN current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') \
+         THEN set_config('synchronous_commit', 'on', true) END AS durable, \
          CASE WHEN current_setting('client_min_messages') = 'error' \
          THEN set_config('client_min_messages', 'warning', true) END AS warnings"
     };
