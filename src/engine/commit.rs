@@ -360,6 +360,14 @@ impl Committer {
         }
     }
 
+    /// Queues `job`; true if no leader was active, so that its caller now leads (its job is
+    /// then the only one queued, at the head).
+    fn push(&self, job: Job) -> bool {
+        let mut queue = self.queue.lock();
+        queue.jobs.push_back(job);
+        !std::mem::replace(&mut queue.leader, true)
+    }
+
     /// Runs `job`, whose caller waits on `slot`, in some batch and returns its result once that
     /// batch's commit is durable (or has failed). `run` executes one batch: `Ok` means it
     /// committed.
@@ -367,12 +375,7 @@ impl Committer {
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        let lead_now = {
-            let mut queue = self.queue.lock();
-            queue.jobs.push_back(job);
-            !std::mem::replace(&mut queue.leader, true)
-        };
-        if lead_now {
+        if self.push(job) {
             slot.set(Turn::Lead);
         }
         loop {
@@ -417,12 +420,7 @@ impl Committer {
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        let lead_now = {
-            let mut queue = self.queue.lock();
-            queue.jobs.push_back(job);
-            !std::mem::replace(&mut queue.leader, true)
-        };
-        if lead_now {
+        if self.push(job) {
             self.lead_inline(run);
         }
         Waiting { slot }
