@@ -30,6 +30,10 @@ use idempotency_store::http::actix::Idempotency;
 use idempotency_store::http::tower::IdempotencyLayer;
 use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
 
+#[path = "support/process_cpu.rs"]
+mod process_cpu;
+use process_cpu::process_cpu;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const BODY: &str = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
@@ -263,26 +267,6 @@ fn drive(
         thread.join().map_err(|_| "client panicked")??;
     }
     Ok((rate, cpu))
-}
-
-/// The CPU time (user and system) this process has used, from `/proc/self/stat` (zero where
-/// there is none); in clock ticks of 10 ms, which a window of seconds makes fine enough.
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime: fields 14 and 15 of the line, 11 and 12 counted from the state (0).
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// The store's own durable claim+complete pairs per second from `threads` threads.

@@ -35,6 +35,10 @@ use idempotency_store::http::HandleOptions;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+#[path = "../../../examples/support/process_cpu.rs"]
+mod process_cpu;
+use process_cpu::process_cpu;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const BODY: &str = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
@@ -275,26 +279,6 @@ fn drive(
         }
         Ok((rate, cpu))
     })
-}
-
-/// The CPU time (user and system) this process has used, from `/proc/self/stat` (zero where
-/// there is none); in clock ticks of 10 ms, which a window of seconds makes fine enough.
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime: fields 14 and 15 of the line, 11 and 12 counted from the state (0).
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// Checks that `system` does its job: the same key twice on one connection, the second
