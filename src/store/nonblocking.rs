@@ -12,7 +12,8 @@ use crate::api::metrics::Call;
 use crate::api::nonblocking::{AsyncStore, Blocking, StoreFuture};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
-use crate::engine::commit::Appoint;
+use crate::engine::commit::{Appoint, Waiting};
+use crate::error::Result;
 use crate::store::{Claiming, Store, release_write};
 
 /// The store in an `Arc` of its own, which the leaders its calls start hold.
@@ -87,15 +88,7 @@ impl AsyncStore for Nonblocking {
                 .complete_write(lease, response)
                 .and_then(|write| store.engine.write_async(write, self.appoint(blocking)))
         };
-        Box::pin(async move {
-            let done = match waiting {
-                Ok(waiting) => waiting.await,
-                Err(err) => Err(err),
-            };
-            let result = store.settled(lease, done);
-            store.metrics.settled(Call::Complete, &result, started);
-            result
-        })
+        settling(store, lease, waiting, Call::Complete, started)
     }
 
     fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()> {
@@ -107,14 +100,26 @@ impl AsyncStore for Nonblocking {
                 .engine
                 .write_async(release_write(lease), self.appoint(blocking))
         };
-        Box::pin(async move {
-            let done = match waiting {
-                Ok(waiting) => waiting.await,
-                Err(err) => Err(err),
-            };
-            let result = store.settled(lease, done);
-            store.metrics.settled(Call::Release, &result, started);
-            result
-        })
+        settling(store, lease, waiting, Call::Release, started)
     }
+}
+
+/// The future of a settling call (`complete` or `release`) of `lease`, queued as `waiting`:
+/// its result as the blocking call would give it, counted as `call`.
+fn settling<'a>(
+    store: &'a Store,
+    lease: &'a Lease,
+    waiting: Result<Waiting<()>>,
+    call: Call,
+    started: Instant,
+) -> StoreFuture<'a, ()> {
+    Box::pin(async move {
+        let done = match waiting {
+            Ok(waiting) => waiting.await,
+            Err(err) => Err(err),
+        };
+        let result = store.settled(lease, done);
+        store.metrics.settled(call, &result, started);
+        result
+    })
 }
