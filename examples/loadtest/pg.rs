@@ -34,10 +34,21 @@ pub(crate) fn open_pg(cell: u64, tls: bool) -> Res<Box<dyn IdempotencyStore>> {
     let url = pg_url_with(if tls { "require" } else { "disable" })?;
     let store = idempotency_store::pg::PgStore::builder()
         .pool_size(PG_POOL)
-        .schema(format!("loadtest_{}_{cell}", std::process::id()))
+        .schema(fresh_schema(cell))
         .connect(&url)
         .map_err(|e| err("connecting to PostgreSQL", e))?;
     Ok(Box::new(store))
+}
+
+/// A schema that no earlier run used. The keys are the same in every run (`fresh_for`), and
+/// the schemas are left behind, so a run whose process id an earlier one had would otherwise
+/// find that run's records and fail with "fresh key … not acquired".
+#[cfg(feature = "postgres")]
+fn fresh_schema(cell: u64) -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("loadtest_{}_{millis}_{cell}", std::process::id())
 }
 
 #[cfg(not(feature = "postgres"))]

@@ -10,7 +10,9 @@
 //! one statement with a fresh snapshot, as before; its `INOUT` parameters carry the row back,
 //! and a last one, `hit`, whether there was one. It is a procedure, not a function: a `CALL`
 //! is not planned at all, where a `SELECT` of a function would be (a third of what was left
-//! to save, measured with `pgbench`).
+//! to save, measured with `pgbench`). Its arguments are bound parameters, not literals in the
+//! call's text: parsing literals cost the server more than sending the call as one simple
+//! query would save (BENCHMARKS.md, "PgStore through PgBouncer").
 //!
 //! A routine's name carries a hash of its parameter types and its text: a build whose
 //! statement differs calls a routine of its own, and two builds can share a schema during a
