@@ -23,6 +23,10 @@ use crate::error::{Error, Result};
 /// bytes per record).
 pub(crate) const FORMAT_VERSION: u8 = 3;
 
+/// More than a record's bytes besides its byte strings: the version byte, the fingerprint,
+/// the times and counters as varints, the byte strings' lengths and the checksum.
+const FIXED_LEN: usize = 128;
+
 /// The oldest record encoding this version still reads.
 const OLDEST_READ: u8 = 2;
 
@@ -66,8 +70,11 @@ impl Record {
             state,
             _borrowed: std::marker::PhantomData,
         };
-        let mut out = postcard::to_extend(&wire, vec![FORMAT_VERSION])
-            .map_err(|e| Error::storage("encoding a record", e))?;
+        // Sized once: grown from empty, the buffer was copied several times per record.
+        let mut out = Vec::with_capacity(FIXED_LEN + self.state.payload_len());
+        out.push(FORMAT_VERSION);
+        let mut out =
+            postcard::to_extend(&wire, out).map_err(|e| Error::storage("encoding a record", e))?;
         let sum = checksum(key, &out);
         out.extend_from_slice(&sum);
         Ok(out)
@@ -129,11 +136,13 @@ enum WireState<'a> {
     InProgress {
         token: u64,
         lease_for: u64,
+        #[serde(with = "wire_bytes::checkpoint")]
         checkpoint: Cow<'a, Option<Vec<u8>>>,
         claim_id: Option<u64>,
     },
     Completed {
         completed_after: u64,
+        #[serde(with = "wire_bytes::response")]
         response: Cow<'a, Response>,
         token: Option<u64>,
     },
@@ -145,10 +154,12 @@ enum WireStateV2<'a> {
     InProgress {
         token: u64,
         lease_for: u64,
+        #[serde(with = "wire_bytes::checkpoint")]
         checkpoint: Cow<'a, Option<Vec<u8>>>,
     },
     Completed {
         completed_after: u64,
+        #[serde(with = "wire_bytes::response")]
         response: Cow<'a, Response>,
     },
 }
@@ -222,6 +233,130 @@ impl Wire<'_> {
             attempt: self.attempt,
             state,
         })
+    }
+}
+
+/// A record's byte strings as serde bytes (see `engine::bytes`): the same encoding as the
+/// derived [`Response`] and `Option<Vec<u8>>`, written in one copy each.
+mod wire_bytes {
+    /// `#[serde(with)]` for a checkpoint.
+    pub(super) mod checkpoint {
+        use std::borrow::Cow;
+
+        use serde::{Deserializer, Serializer};
+
+        use crate::engine::bytes::option;
+
+        pub(crate) fn serialize<S: Serializer>(
+            checkpoint: &Option<Vec<u8>>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            option::serialize(checkpoint, serializer)
+        }
+
+        pub(crate) fn deserialize<'de, 'a, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Cow<'a, Option<Vec<u8>>>, D::Error> {
+            option::deserialize(deserializer).map(Cow::Owned)
+        }
+    }
+
+    /// `#[serde(with)]` for a response: the fields of the derived `Response`, in order.
+    pub(super) mod response {
+        use std::borrow::Cow;
+
+        use serde::ser::SerializeSeq;
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        use crate::api::response::Response;
+
+        #[derive(Serialize)]
+        struct Borrowed<'a> {
+            status: u16,
+            headers: Headers<'a>,
+            #[serde(with = "crate::engine::bytes")]
+            body: &'a [u8],
+        }
+
+        struct Headers<'a>(&'a [(String, Vec<u8>)]);
+
+        impl Serialize for Headers<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+                for (name, value) in self.0 {
+                    seq.serialize_element(&(name, Value(value)))?;
+                }
+                seq.end()
+            }
+        }
+
+        struct Value<'a>(&'a [u8]);
+
+        impl Serialize for Value<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_bytes(self.0)
+            }
+        }
+
+        #[derive(Deserialize)]
+        struct Owned {
+            status: u16,
+            headers: Vec<Header>,
+            #[serde(with = "crate::engine::bytes")]
+            body: Vec<u8>,
+        }
+
+        #[derive(Deserialize)]
+        struct Header(String, #[serde(with = "crate::engine::bytes")] Vec<u8>);
+
+        pub(crate) fn serialize<S: Serializer>(
+            response: &Response,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            Borrowed {
+                status: response.status,
+                headers: Headers(&response.headers),
+                body: &response.body,
+            }
+            .serialize(serializer)
+        }
+
+        pub(crate) fn deserialize<'de, 'a, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Cow<'a, Response>, D::Error> {
+            let Owned {
+                status,
+                headers,
+                body,
+            } = Owned::deserialize(deserializer)?;
+            let headers = headers
+                .into_iter()
+                .map(|Header(name, value)| (name, value))
+                .collect();
+            Ok(Cow::Owned(Response {
+                status,
+                headers,
+                body,
+            }))
+        }
+    }
+}
+
+impl State {
+    /// The bytes of the byte strings the state holds, headers counted with room for their
+    /// lengths.
+    fn payload_len(&self) -> usize {
+        match self {
+            State::InProgress { checkpoint, .. } => checkpoint.as_ref().map_or(0, Vec::len),
+            State::Completed { response, .. } => {
+                let headers: usize = response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| name.len() + value.len() + 8)
+                    .sum();
+                response.body.len() + headers
+            }
+        }
     }
 }
 
@@ -320,6 +455,59 @@ mod tests {
         assert!(Record::decode(KEY, &reseal(&long)).is_err());
         assert!(Record::decode(KEY, &[]).is_err());
         assert!(Record::decode(KEY, &reseal(&[])).is_err());
+        Ok(())
+    }
+
+    /// Format 3's bytes, written with the derived encodings of `Response` and the checkpoint
+    /// (a sequence of `u8` for each byte string), are what `encode` writes, byte for byte:
+    /// the records of earlier builds and of this one are the same.
+    #[test]
+    fn writes_format_3_as_the_derived_encoding_did() -> Result<()> {
+        let fp = Fingerprint::of(["a"]);
+        let body: Vec<u8> = (0..=255).collect();
+        let response = Response::new(201, body).with_header("x", vec![0xff; 200]);
+        let completed = Record {
+            state: State::Completed {
+                completed_at: 1,
+                response: response.clone(),
+                token: Some(7),
+            },
+            ..sample()
+        };
+        let derived = postcard::to_extend(
+            &(fp, 1u64, 1u64, 1u32, 1u32, 0u64, response, Some(7u64)),
+            vec![FORMAT_VERSION],
+        )
+        .map_err(|e| Error::storage("encoding", e))?;
+        assert_eq!(completed.encode(KEY)?, reseal(&derived));
+        for checkpoint in [None, Some(vec![]), Some(vec![9; 300])] {
+            let in_progress = Record {
+                state: State::InProgress {
+                    token: 3,
+                    lease_until: 2,
+                    checkpoint: checkpoint.clone(),
+                    claim_id: Some(5),
+                },
+                ..sample()
+            };
+            let derived = postcard::to_extend(
+                &(
+                    fp,
+                    1u64,
+                    1u64,
+                    1u32,
+                    0u32,
+                    3u64,
+                    1u64,
+                    checkpoint,
+                    Some(5u64),
+                ),
+                vec![FORMAT_VERSION],
+            )
+            .map_err(|e| Error::storage("encoding", e))?;
+            assert_eq!(in_progress.encode(KEY)?, reseal(&derived));
+            assert_eq!(Record::decode(KEY, &reseal(&derived))?, in_progress);
+        }
         Ok(())
     }
 

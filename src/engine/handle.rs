@@ -117,17 +117,20 @@ impl Writer {
 }
 
 /// How many records the overlay's active generation collects before it is handed to the
-/// flush thread (see `flush`). Each redb commit costs page copies, checksums and new roots, and
-/// a claim and its completion that meet in one generation reach redb once; larger generations
-/// cost resident memory (BENCHMARKS.md, "Figures behind the defaults").
-const OVERLAY_RECORDS: usize = 128;
+/// flush thread (see `flush`). Each redb commit copies every page it touches, and a new key
+/// lands on a leaf of its own: 128-record generations wrote more than a page per record, whose
+/// pages redb keeps until the next merge, and the flushes' writes to the store file doubled the
+/// time of the log's `O_DSYNC` writes at 64 threads. A claim and its completion that meet in
+/// one generation reach redb once. A generation is also bounded by the log: at a switch of
+/// its halves everything logged is merged (BENCHMARKS.md, "Figures behind the defaults").
+const OVERLAY_RECORDS: usize = 1024;
 
 /// The active generation's size at which a batch writes the overlay itself, because the flush
 /// thread is still busy with the last one.
 const OVERLAY_LIMIT: usize = 4 * OVERLAY_RECORDS;
 
-/// The same limits in bytes of keys and records: 128 records of 1 MiB responses would hold
-/// 128 MiB in each generation. 4 MiB is about 10,000 ordinary records, so the record limit
+/// The same limits in bytes of keys and records: 1024 records of 1 MiB responses would hold
+/// 1 GiB in each generation. 4 MiB is about 10,000 ordinary records, so the record limit
 /// decides for them and this one only for large responses.
 const OVERLAY_BYTES: usize = 4 << 20;
 const OVERLAY_BYTES_LIMIT: usize = 4 * OVERLAY_BYTES;

@@ -4,6 +4,7 @@
 //! never on `store`.
 
 pub(crate) mod batch;
+pub(crate) mod bytes;
 pub(crate) mod codec;
 pub(crate) mod commit;
 pub(crate) mod contain;

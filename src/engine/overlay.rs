@@ -4,7 +4,7 @@
 //! writes new roots: after the sync itself, the largest cost of a write batch. So a batch of
 //! claims and settlements applies to this overlay instead of to redb: its changes go to the
 //! log and, once durable, into the overlay, where readers look first. Once the active
-//! generation holds 128 records it is frozen and the store's flush thread (`flush`) writes it
+//! generation holds 1024 records it is frozen and the store's flush thread (`flush`) writes it
 //! into redb in one commit without a sync, while batches fill the next. The whole overlay is
 //! written by the writer itself (`Engine::flush_overlay`) before anything that writes redb
 //! directly or walks its tables: a merge, a sweep, a batch of a store with quotas,
@@ -20,8 +20,9 @@
 //! with 16 writing threads fell to 0.65 of the replay-only rate; 0.92 before the overlay).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use parking_lot::RwLock;
 use redb::WriteTransaction;
@@ -64,13 +65,42 @@ pub(crate) struct Overlay {
     index: Map,
     /// Effect row (`effect_key`) → value bytes (`None`: removed).
     effects: Map,
-    hasher: RandomState,
+}
+
+/// A key's hash, keyed per process (so that no one can pick keys that collide), computed once
+/// per key and used for its shard and for its entry in either generation: hashing the key
+/// for each of them, and the hash again for each map, was 9 % of an in-memory claim and
+/// completion's instructions (`valgrind --tool=callgrind`).
+fn key_hash(key: &[u8]) -> u64 {
+    static STATE: OnceLock<RandomState> = OnceLock::new();
+    STATE.get_or_init(RandomState::new).hash_one(key)
+}
+
+/// Uses a [`key_hash`], already keyed and uniform, as the map's hash as it is.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the maps' keys are `u64`); anything else still hashes.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
 }
 
 #[derive(Debug, Default)]
 struct Map {
     /// Key hash → the newest entry with that hash; older ones follow `next`.
-    heads: HashMap<u64, usize>,
+    heads: HashMap<u64, usize, BuildHasherDefault<Prehashed>>,
     entries: Vec<Entry>,
 }
 
@@ -85,7 +115,12 @@ impl Overlay {
     /// What the overlay knows of `key`: `None` if nothing (look in redb), `Some(None)` if the
     /// record was deleted.
     pub(crate) fn record(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        let i = self.position(&self.records, key, self.hasher.hash_one(key))?;
+        self.record_hashed(key, key_hash(key))
+    }
+
+    /// `record`, for a key whose [`key_hash`] is `hash`.
+    fn record_hashed(&self, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
+        let i = self.position(&self.records, key, hash)?;
         Some(
             self.records.entries[i]
                 .value
@@ -96,7 +131,12 @@ impl Overlay {
 
     /// What the overlay knows of the effect row `at` (see [`effect_key`]), as `record`.
     pub(crate) fn effect(&self, at: &[u8]) -> Option<Option<&[u8]>> {
-        let i = self.position(&self.effects, at, self.hasher.hash_one(at))?;
+        self.effect_hashed(at, key_hash(at))
+    }
+
+    /// `effect`, for a row whose [`key_hash`] is `hash`.
+    fn effect_hashed(&self, at: &[u8], hash: u64) -> Option<Option<&[u8]>> {
+        let i = self.position(&self.effects, at, hash)?;
         Some(
             self.effects.entries[i]
                 .value
@@ -126,19 +166,28 @@ impl Overlay {
     }
 
     pub(crate) fn set_record(&mut self, key: &[u8], record: Option<&[u8]>) {
+        self.set_record_hashed(key, key_hash(key), record);
+    }
+
+    fn set_record_hashed(&mut self, key: &[u8], hash: u64, record: Option<&[u8]>) {
         let value = record.map(|r| self.append(r));
-        self.set(Which::Records, key, value);
+        self.set(Which::Records, key, hash, value);
     }
 
     pub(crate) fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) {
         let indexed = [&expires_at.to_be_bytes()[..], key].concat();
-        self.set(Which::Index, &indexed, present.then_some(0..0));
+        let hash = key_hash(&indexed);
+        self.set(Which::Index, &indexed, hash, present.then_some(0..0));
     }
 
     /// Sets (or with `None` removes) the effect row `at` (see [`effect_key`]).
     pub(crate) fn set_effect(&mut self, at: &[u8], value: Option<&[u8]>) {
+        self.set_effect_hashed(at, key_hash(at), value);
+    }
+
+    fn set_effect_hashed(&mut self, at: &[u8], hash: u64, value: Option<&[u8]>) {
         let value = value.map(|v| self.append(v));
-        self.set(Which::Effects, at, value);
+        self.set(Which::Effects, at, hash, value);
     }
 
     /// Every change it holds, in no order.
@@ -192,8 +241,7 @@ impl Overlay {
         None
     }
 
-    fn set(&mut self, which: Which, key: &[u8], value: Option<Range<usize>>) {
-        let hash = self.hasher.hash_one(key);
+    fn set(&mut self, which: Which, key: &[u8], hash: u64, value: Option<Range<usize>>) {
         if let Some(i) = self.position(self.map(which), key, hash) {
             self.map_mut(which).entries[i].value = value;
             return;
@@ -237,7 +285,6 @@ impl Overlay {
 #[derive(Debug)]
 pub(crate) struct Shared {
     shards: Box<[Shard]>,
-    hasher: RandomState,
     /// The effect tables, whose positions the effect rows' keys start with.
     registry: std::sync::Arc<Registry>,
 }
@@ -252,7 +299,7 @@ struct Shard {
 
 const SHARDS: usize = 16;
 /// The capacity a cleared generation of a shard keeps: its share of an ordinary generation
-/// (128 records of a few hundred bytes) with room to spare.
+/// (1024 records of a few hundred bytes, over 16 shards) with room to spare.
 const KEEP_BYTES: usize = 64 << 10;
 const KEEP_ENTRIES: usize = 256;
 
@@ -266,7 +313,6 @@ impl Shared {
     pub(crate) fn new(registry: std::sync::Arc<Registry>) -> Self {
         Shared {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: RandomState::new(),
             registry,
         }
     }
@@ -282,12 +328,13 @@ impl Shared {
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Option<T> {
-        let shard = self.shard(key);
+        let hash = key_hash(key);
+        let shard = self.shard(hash);
         let active = shard.active.read();
-        if let Some(known) = active.record(key) {
+        if let Some(known) = active.record_hashed(key, hash) {
             return Some(read(known));
         }
-        shard.frozen.read().record(key).map(read)
+        shard.frozen.read().record_hashed(key, hash).map(read)
     }
 
     /// `read` of what the overlay knows of the effect row `at`, as [`with_record`](Self::with_record).
@@ -296,12 +343,13 @@ impl Shared {
         at: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Option<T> {
-        let shard = self.shard(at);
+        let hash = key_hash(at);
+        let shard = self.shard(hash);
         let active = shard.active.read();
-        if let Some(known) = active.effect(at) {
+        if let Some(known) = active.effect_hashed(at, hash) {
             return Some(read(known));
         }
-        shard.frozen.read().effect(at).map(read)
+        shard.frozen.read().effect_hashed(at, hash).map(read)
     }
 
     /// Whether either generation holds effect rows (which redb's tables do not have yet).
@@ -315,16 +363,24 @@ impl Shared {
     pub(crate) fn absorb(&self, batch: &Overlay) {
         let changes = batch.changes();
         for (key, record) in changes.records {
-            self.shard(key).active.write().set_record(key, record);
+            let hash = key_hash(key);
+            self.shard(hash)
+                .active
+                .write()
+                .set_record_hashed(key, hash, record);
         }
         for (expires_at, key, present) in changes.index {
-            self.shard(key)
+            self.shard(key_hash(key))
                 .active
                 .write()
                 .set_index(expires_at, key, present);
         }
         for (at, value) in changes.effects {
-            self.shard(at).active.write().set_effect(at, value);
+            let hash = key_hash(at);
+            self.shard(hash)
+                .active
+                .write()
+                .set_effect_hashed(at, hash, value);
         }
     }
 
@@ -399,8 +455,11 @@ impl Shared {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &Shard {
-        let at = self.hasher.hash_one(key) % SHARDS as u64;
+    /// The shard of the key whose [`key_hash`] is `hash`, by bits that the maps' tables use
+    /// for nothing (they index by the low bits and tag by the top seven), so that a shard's keys
+    /// share none of those.
+    fn shard(&self, hash: u64) -> &Shard {
+        let at = (hash >> 32) % SHARDS as u64;
         &self.shards[at as usize]
     }
 }

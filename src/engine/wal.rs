@@ -48,18 +48,23 @@ pub(crate) struct LogFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Change {
     Put {
+        #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
+        #[serde(with = "crate::engine::bytes")]
         record: Vec<u8>,
     },
     Delete {
+        #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
     },
     Index {
         expires_at: u64,
+        #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
     },
     Unindex {
         expires_at: u64,
+        #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
     },
     Counter {
@@ -75,7 +80,9 @@ pub(crate) enum Change {
     /// order in which tables are registered may differ at the next open.
     Effect {
         table: String,
+        #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
+        #[serde(with = "crate::engine::bytes::option")]
         value: Option<Vec<u8>>,
     },
 }
