@@ -2,10 +2,9 @@
 //! `u8`.
 //!
 //! postcard writes both the same way (a varint length, then the bytes), so the formats on
-//! disk do not change, but serde hands a sequence to the serializer one element at a time:
-//! the byte-by-byte path was 7 % of the instructions of an in-memory claim and completion
-//! (`valgrind --tool=callgrind`), for a 200-byte response and the log entry holding it. As
-//! bytes, each is one length and one copy, and decoding borrows the slice.
+//! disk do not change, but serde hands a sequence to the serializer one element at a time. As
+//! bytes, each is one length and one copy, in both directions: 3 % fewer instructions for an
+//! in-memory claim and completion with a 200-byte response (`valgrind --tool=callgrind`).
 
 use std::fmt;
 
