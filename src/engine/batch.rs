@@ -9,7 +9,7 @@
 //! Every mutation goes through [`Tables`], which keeps the usage counters and the changes for
 //! the write-ahead log, so that none escapes the log.
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransaction};
+use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
@@ -18,6 +18,7 @@ use crate::engine::contain::from_storage;
 use crate::engine::effects::{ReadRows, Registry, Row};
 use crate::engine::meta::Usage;
 use crate::engine::overlay::{self, Overlay, Shared};
+use crate::engine::snapshot::Snapshot;
 use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::engine::wal::Change;
 use crate::error::Error;
@@ -79,8 +80,7 @@ pub(crate) struct Direct<'a> {
 
 /// redb's records as of a snapshot, the shared overlay, and this batch's own changes.
 pub(crate) struct Layered<'a> {
-    snapshot: &'a ReadTransaction,
-    base: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    snapshot: &'a Snapshot,
     overlay: &'a Shared,
     batch: Overlay,
 }
@@ -148,17 +148,13 @@ impl<'a> Tables<Direct<'a>> {
 }
 
 impl<'a> Tables<Layered<'a>> {
-    /// The records of the read transaction `snapshot` under `overlay`.
-    pub(crate) fn layered(
-        snapshot: &'a ReadTransaction,
-        overlay: &'a Shared,
-    ) -> Result<Self, Error> {
-        Ok(Self::new(Layered {
+    /// The records of `snapshot` under `overlay`.
+    pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared) -> Self {
+        Self::new(Layered {
             snapshot,
-            base: snapshot.open_table(RECORDS)?,
             overlay,
             batch: Overlay::default(),
-        }))
+        })
     }
 
     /// The batch's changes, for the overlay once the batch is durable.
@@ -229,7 +225,10 @@ impl Access for Layered<'_> {
             Some(known) => known,
             None => {
                 let key = tables::record_key(key);
-                self.base.get(key.as_slice())?.map(|v| v.value().to_vec())
+                self.snapshot
+                    .records
+                    .get(key.as_slice())?
+                    .map(|v| v.value().to_vec())
             }
         })
     }
@@ -259,7 +258,10 @@ impl Access for Layered<'_> {
         };
         match known {
             Some(known) => Ok(known),
-            None => self.registry().table(table)?.get_at(self.snapshot, key),
+            None => self
+                .registry()
+                .table(table)?
+                .get_at(&self.snapshot.txn, key),
         }
     }
 
