@@ -18,7 +18,7 @@ use crate::engine::contain::from_storage;
 use crate::engine::effects::{ReadRows, Registry, Row};
 use crate::engine::meta::Usage;
 use crate::engine::overlay::{self, Overlay, Shared};
-use crate::engine::snapshot::Snapshot;
+use crate::engine::snapshot::{Snapshot, Snapshots};
 use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::engine::wal::Change;
 use crate::error::Error;
@@ -89,6 +89,16 @@ pub(crate) struct Layered<'a> {
 pub(crate) trait Access {
     /// The key's record bytes.
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail>;
+    /// Like `bytes`, for a key that a read found absent from redb at the snapshot counter
+    /// `absent_at` (see `ops::ClaimKey::absent_at`).
+    fn bytes_unless_absent(
+        &self,
+        key: &[u8],
+        absent_at: Option<u64>,
+    ) -> Result<Option<Vec<u8>>, Fail> {
+        let _ = absent_at;
+        self.bytes(key)
+    }
     /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail>;
     /// Files (`present`) or unfiles the key under `expires_at` in the expiry index.
@@ -215,6 +225,14 @@ impl Access for Direct<'_> {
 
 impl Access for Layered<'_> {
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        self.bytes_unless_absent(key, None)
+    }
+
+    fn bytes_unless_absent(
+        &self,
+        key: &[u8],
+        absent_at: Option<u64>,
+    ) -> Result<Option<Vec<u8>>, Fail> {
         let known = match self.batch.record(key) {
             Some(known) => Some(known.map(<[u8]>::to_vec)),
             None => self
@@ -223,6 +241,11 @@ impl Access for Layered<'_> {
         };
         Ok(match known {
             Some(known) => known,
+            // The batch's snapshot is current under the writer lock: the same counter means
+            // redb has not changed under the overlay since the read found the key absent.
+            None if absent_at.is_some() && absent_at == Some(Snapshots::epoch(self.snapshot)) => {
+                None
+            }
             None => {
                 let key = tables::record_key(key);
                 self.snapshot
@@ -284,7 +307,19 @@ impl<A: Access> ReadRows for Tables<A> {
 
 impl<A: Access> Tables<A> {
     pub(crate) fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
-        match self.access.bytes(key.as_stored())? {
+        self.get_unless_absent(key, None)
+    }
+
+    /// Like `get`, for a key a read found absent at the snapshot counter `absent_at`.
+    pub(crate) fn get_unless_absent(
+        &self,
+        key: &Key,
+        absent_at: Option<u64>,
+    ) -> Result<Option<Record>, Fail> {
+        match self
+            .access
+            .bytes_unless_absent(key.as_stored(), absent_at)?
+        {
             Some(bytes) => Record::decode(key.as_stored(), &bytes)
                 .map(Some)
                 .map_err(Fail::Op),

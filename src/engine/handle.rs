@@ -247,6 +247,12 @@ impl Engine {
 
     /// The key's record, expired or not.
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
+        Ok(self.read_found(key)?.0)
+    }
+
+    /// Like [`read`](Self::read), and if the key is in neither the overlay nor redb, the
+    /// counter of the snapshot that showed it absent (see `ops::ClaimKey::absent_at`).
+    pub(crate) fn read_found(&self, key: &Key) -> Result<(Option<Record>, Option<u64>)> {
         contain("reading a record", || {
             let stored = key.as_stored();
             let snapshot = self.snapshots.get(self.db()?)?;
@@ -254,19 +260,22 @@ impl Engine {
                 bytes.map(|b| Record::decode(stored, b)).transpose()
             });
             if let Some(record) = known {
-                return record;
+                return Ok((record?, None));
             }
             let record_key = tables::record_key(stored);
             let found = snapshot.records.get(record_key.as_slice())?;
             if self.snapshots.current(&snapshot) {
-                return found.map(|b| Record::decode(stored, b.value())).transpose();
+                let absent_at = found.is_none().then(|| Snapshots::epoch(&snapshot));
+                let record = found.map(|b| Record::decode(stored, b.value()));
+                return Ok((record.transpose()?, absent_at));
             }
             // redb changed under the overlay meanwhile: a snapshot begun after the overlay's
             // answer holds whatever the overlay no longer does.
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
             let bytes = table.get(record_key.as_slice())?;
-            bytes.map(|b| Record::decode(stored, b.value())).transpose()
+            let record = bytes.map(|b| Record::decode(stored, b.value()));
+            Ok((record.transpose()?, None))
         })
     }
 

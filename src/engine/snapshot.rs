@@ -68,6 +68,13 @@ impl Snapshots {
         Ok(snapshot)
     }
 
+    /// The counter `snapshot` was begun at: a read that found a key absent from redb hands it
+    /// to the key's claim, whose batch skips redb if its own snapshot has the same (see
+    /// `ops::ClaimKey::absent_at`).
+    pub(crate) fn epoch(snapshot: &Snapshot) -> u64 {
+        snapshot.epoch
+    }
+
     /// Whether redb's part of the store is still what `snapshot` shows: no change began since
     /// it was begun, and none was under way then.
     pub(crate) fn current(&self, snapshot: &Snapshot) -> bool {
