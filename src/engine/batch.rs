@@ -9,7 +9,7 @@
 //! Every mutation goes through [`Tables`], which keeps the usage counters and the changes for
 //! the write-ahead log, so that none escapes the log.
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransaction};
+use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
@@ -18,6 +18,7 @@ use crate::engine::contain::from_storage;
 use crate::engine::effects::{ReadRows, Registry, Row};
 use crate::engine::meta::Usage;
 use crate::engine::overlay::{self, Overlay, Shared};
+use crate::engine::snapshot::{Snapshot, Snapshots};
 use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
 use crate::engine::wal::Change;
 use crate::error::Error;
@@ -79,8 +80,7 @@ pub(crate) struct Direct<'a> {
 
 /// redb's records as of a snapshot, the shared overlay, and this batch's own changes.
 pub(crate) struct Layered<'a> {
-    snapshot: &'a ReadTransaction,
-    base: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    snapshot: &'a Snapshot,
     overlay: &'a Shared,
     batch: Overlay,
 }
@@ -89,6 +89,16 @@ pub(crate) struct Layered<'a> {
 pub(crate) trait Access {
     /// The key's record bytes.
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail>;
+    /// Like `bytes`, for a key that a read found absent from redb at the snapshot counter
+    /// `absent_at` (see `ops::ClaimKey::absent_at`).
+    fn bytes_unless_absent(
+        &self,
+        key: &[u8],
+        absent_at: Option<u64>,
+    ) -> Result<Option<Vec<u8>>, Fail> {
+        let _ = absent_at;
+        self.bytes(key)
+    }
     /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail>;
     /// Files (`present`) or unfiles the key under `expires_at` in the expiry index.
@@ -148,17 +158,13 @@ impl<'a> Tables<Direct<'a>> {
 }
 
 impl<'a> Tables<Layered<'a>> {
-    /// The records of the read transaction `snapshot` under `overlay`.
-    pub(crate) fn layered(
-        snapshot: &'a ReadTransaction,
-        overlay: &'a Shared,
-    ) -> Result<Self, Error> {
-        Ok(Self::new(Layered {
+    /// The records of `snapshot` under `overlay`.
+    pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared) -> Self {
+        Self::new(Layered {
             snapshot,
-            base: snapshot.open_table(RECORDS)?,
             overlay,
             batch: Overlay::default(),
-        }))
+        })
     }
 
     /// The batch's changes, for the overlay once the batch is durable.
@@ -219,6 +225,14 @@ impl Access for Direct<'_> {
 
 impl Access for Layered<'_> {
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        self.bytes_unless_absent(key, None)
+    }
+
+    fn bytes_unless_absent(
+        &self,
+        key: &[u8],
+        absent_at: Option<u64>,
+    ) -> Result<Option<Vec<u8>>, Fail> {
         let known = match self.batch.record(key) {
             Some(known) => Some(known.map(<[u8]>::to_vec)),
             None => self
@@ -227,9 +241,17 @@ impl Access for Layered<'_> {
         };
         Ok(match known {
             Some(known) => known,
+            // The batch's snapshot is current under the writer lock: the same counter means
+            // redb has not changed under the overlay since the read found the key absent.
+            None if absent_at.is_some() && absent_at == Some(Snapshots::epoch(self.snapshot)) => {
+                None
+            }
             None => {
                 let key = tables::record_key(key);
-                self.base.get(key.as_slice())?.map(|v| v.value().to_vec())
+                self.snapshot
+                    .records
+                    .get(key.as_slice())?
+                    .map(|v| v.value().to_vec())
             }
         })
     }
@@ -259,7 +281,10 @@ impl Access for Layered<'_> {
         };
         match known {
             Some(known) => Ok(known),
-            None => self.registry().table(table)?.get_at(self.snapshot, key),
+            None => self
+                .registry()
+                .table(table)?
+                .get_at(&self.snapshot.txn, key),
         }
     }
 
@@ -282,7 +307,19 @@ impl<A: Access> ReadRows for Tables<A> {
 
 impl<A: Access> Tables<A> {
     pub(crate) fn get(&self, key: &Key) -> Result<Option<Record>, Fail> {
-        match self.access.bytes(key.as_stored())? {
+        self.get_unless_absent(key, None)
+    }
+
+    /// Like `get`, for a key a read found absent at the snapshot counter `absent_at`.
+    pub(crate) fn get_unless_absent(
+        &self,
+        key: &Key,
+        absent_at: Option<u64>,
+    ) -> Result<Option<Record>, Fail> {
+        match self
+            .access
+            .bytes_unless_absent(key.as_stored(), absent_at)?
+        {
             Some(bytes) => Record::decode(key.as_stored(), &bytes)
                 .map(Some)
                 .map_err(Fail::Op),

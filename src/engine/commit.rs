@@ -586,6 +586,7 @@ mod tests {
                         fingerprint: Fingerprint::of(["r"]),
                         id: None,
                         seed: None,
+                        absent_at: None,
                     },
                     Arc::default(),
                 ),
@@ -643,6 +644,7 @@ mod tests {
                 fingerprint: Fingerprint::of(["r"]),
                 id: None,
                 seed: None,
+                absent_at: None,
             };
             Job::write_async(
                 claim,
@@ -673,6 +675,7 @@ mod tests {
             fingerprint: Fingerprint::of(["r"]),
             id: None,
             seed: None,
+            absent_at: None,
         };
         let async_call = || Job::write_async(claim(), Arc::default(), Box::new(|| {}));
         let blocking_slot = Arc::<Slot<Claim>>::default();

@@ -28,6 +28,7 @@ use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Shared};
 use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
+use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
 use crate::engine::tables::{self, EXPIRY, RECORDS};
 use crate::engine::wal::{self, Change, Log, LogFile};
@@ -76,6 +77,8 @@ pub(crate) struct Engine {
     writer: Mutex<Writer>,
     /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
     overlay: Arc<Shared>,
+    /// The read snapshot of redb under the overlay that reads share (see `snapshot`).
+    snapshots: Snapshots,
     /// Writes full overlay generations into redb; see `flush`.
     flusher: Flusher,
     /// The highest time the engine has used; its clock never goes below it.
@@ -176,6 +179,7 @@ impl Engine {
             config,
             writer: Mutex::new(writer),
             overlay,
+            snapshots: Snapshots::default(),
             high_water: AtomicU64::new(high_water),
             poison,
             stats,
@@ -243,20 +247,35 @@ impl Engine {
 
     /// The key's record, expired or not.
     pub(crate) fn read(&self, key: &Key) -> Result<Option<Record>> {
+        Ok(self.read_found(key)?.0)
+    }
+
+    /// Like [`read`](Self::read), and if the key is in neither the overlay nor redb, the
+    /// counter of the snapshot that showed it absent (see `ops::ClaimKey::absent_at`).
+    pub(crate) fn read_found(&self, key: &Key) -> Result<(Option<Record>, Option<u64>)> {
         contain("reading a record", || {
             let stored = key.as_stored();
+            let snapshot = self.snapshots.get(self.db()?)?;
             let known = self.overlay.with_record(stored, |bytes| {
                 bytes.map(|b| Record::decode(stored, b)).transpose()
             });
             if let Some(record) = known {
-                return record;
+                return Ok((record?, None));
             }
+            let record_key = tables::record_key(stored);
+            let found = snapshot.records.get(record_key.as_slice())?;
+            if self.snapshots.current(&snapshot) {
+                let absent_at = found.is_none().then(|| Snapshots::epoch(&snapshot));
+                let record = found.map(|b| Record::decode(stored, b.value()));
+                return Ok((record.transpose()?, absent_at));
+            }
+            // redb changed under the overlay meanwhile: a snapshot begun after the overlay's
+            // answer holds whatever the overlay no longer does.
             let txn = self.db()?.begin_read()?;
             let table = txn.open_table(RECORDS)?;
-            let bytes = table.get(tables::record_key(key.as_stored()).as_slice())?;
-            bytes
-                .map(|b| Record::decode(key.as_stored(), b.value()))
-                .transpose()
+            let bytes = table.get(record_key.as_slice())?;
+            let record = bytes.map(|b| Record::decode(stored, b.value()));
+            Ok((record.transpose()?, None))
         })
     }
 
@@ -400,8 +419,9 @@ impl Engine {
     fn write_layered(&self, writer: &mut Writer, writes: &mut [Box<dyn Pending>]) -> Result<()> {
         self.collect_flush(writer, false);
         let db = self.db()?;
-        let snapshot = db.begin_read()?;
-        let mut tables = Tables::layered(&snapshot, &self.overlay)?;
+        // Under the writer lock nothing changes redb's part (see `snapshot`).
+        let snapshot = self.snapshots.get(db)?;
+        let mut tables = Tables::layered(&snapshot, &self.overlay);
         let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
             writes
                 .iter_mut()
@@ -469,7 +489,7 @@ impl Engine {
     fn collect_flush(&self, writer: &mut Writer, wait: bool) {
         match self.flusher.collect(wait) {
             Some((task, Ok(()))) => {
-                self.overlay.clear(false);
+                self.snapshots.change(|| self.overlay.clear(false));
                 if matches!(task, Task::Merge { .. }) {
                     writer.log.freed();
                 }
@@ -493,7 +513,7 @@ impl Engine {
             overlay::write(&txn, changes, &self.config.effects)
         })?;
         self.commit_unsynced(txn, writer)?;
-        self.overlay.clear(true);
+        self.snapshots.change(|| self.overlay.clear(true));
         Ok(())
     }
 
@@ -523,7 +543,7 @@ impl Engine {
     fn commit_unsynced(&self, mut txn: WriteTransaction, writer: &mut Writer) -> Result<()> {
         txn.set_durability(redb::Durability::None)
             .map_err(|err| Error::storage("committing a batch", err))?;
-        txn.commit().map_err(|err| {
+        self.snapshots.change(|| txn.commit()).map_err(|err| {
             writer.log.commit_failed();
             Error::from(err)
         })
@@ -550,7 +570,7 @@ impl Engine {
         let counters = self.with_high_water(counters);
         let started = std::time::Instant::now();
         counters.merge(&mut txn, writer.log.last_seq(), self.config.quick_repair)?;
-        match txn.commit() {
+        match self.snapshots.change(|| txn.commit()) {
             Ok(()) => {
                 self.stats.merged(started);
                 writer.log.merged();
@@ -660,8 +680,10 @@ impl Engine {
         } else {
             self.final_merge()
         };
-        // The thread holds the database too: it must be gone before the database is closed.
+        // The thread holds the database too: it must be gone before the database is closed,
+        // and so must the shared read snapshot.
         self.flusher.stop();
+        self.snapshots.change(|| ());
         let closed = match self.db.take() {
             // redb's close saves the allocator state and can panic on a damaged file.
             Some(db) => contain("closing the store", || match Arc::try_unwrap(db) {

@@ -20,6 +20,7 @@ pub(crate) mod ops;
 pub(crate) mod overlay;
 pub(crate) mod poison;
 pub(crate) mod scan;
+pub(crate) mod snapshot;
 pub(crate) mod stats;
 pub(crate) mod tables;
 pub(crate) mod wal;

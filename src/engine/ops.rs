@@ -38,6 +38,10 @@ pub(crate) struct ClaimKey {
     /// The recovery point a fresh record starts with (`Store::claim_seeded`); a takeover
     /// keeps the record's own.
     pub seed: Option<Vec<u8>>,
+    /// The claim's read found the key in neither the overlay nor redb, with a read snapshot
+    /// at this counter (`snapshot::Snapshots::epoch`): a batch whose snapshot has the same
+    /// counter finds redb unchanged under the overlay and need not look there again.
+    pub absent_at: Option<u64>,
 }
 
 /// `Store::complete`.
@@ -95,8 +99,9 @@ impl Write for ClaimKey {
             fingerprint,
             id,
             seed,
+            absent_at,
         } = self;
-        let existing = tables.get(&key)?;
+        let existing = tables.get_unless_absent(&key, absent_at)?;
         let old_expires_at = existing.as_ref().map(|r| r.expires_at);
         let attempt = match verdict(&key, existing, fingerprint, id, ctx.now) {
             Verdict::Answer(answer) => return Ok(answer),

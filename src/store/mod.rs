@@ -281,7 +281,8 @@ impl Store {
         if let Some(replay) = self.replays.get(key, fingerprint, now) {
             return Ok(Claiming::Answer(Claim::Completed(replay)));
         }
-        if let Verdict::Answer(answer) = verdict(key, self.read(key)?, fingerprint, id, now) {
+        let (record, absent_at) = self.engine.read_found(key)?;
+        if let Verdict::Answer(answer) = verdict(key, record, fingerprint, id, now) {
             if let Claim::Completed(replay) = &answer {
                 self.replays.insert(key, fingerprint, replay);
             }
@@ -292,6 +293,7 @@ impl Store {
             fingerprint,
             id,
             seed,
+            absent_at,
         }))
     }
 
