@@ -9,6 +9,8 @@
 //! Every mutation goes through [`Tables`], which keeps the usage counters and the changes for
 //! the write-ahead log, so that none escapes the log.
 
+use std::cell::RefCell;
+
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::api::clock::Timestamp;
@@ -83,6 +85,10 @@ pub(crate) struct Layered<'a> {
     snapshot: &'a Snapshot,
     overlay: &'a Shared,
     batch: Overlay,
+    /// The last key read or written and its record's length: a write call reads its key, then
+    /// writes it, and the write needs the old length, which would otherwise cost the same
+    /// lookups again (two hashes and a copy of the record, or a descent of redb's tree).
+    last: RefCell<Option<(Vec<u8>, Option<usize>)>>,
 }
 
 /// Reading and writing one key's record and index entry, whichever the kind of batch.
@@ -157,6 +163,17 @@ impl<'a> Tables<Direct<'a>> {
     }
 }
 
+impl Layered<'_> {
+    /// Remembers `key`'s record length as this batch now sees it (see `last`).
+    fn remember(&self, key: &[u8], len: Option<usize>) {
+        let mut last = self.last.borrow_mut();
+        match &mut *last {
+            Some((kept, kept_len)) if kept.as_slice() == key => *kept_len = len,
+            _ => *last = Some((key.to_vec(), len)),
+        }
+    }
+}
+
 impl<'a> Tables<Layered<'a>> {
     /// The records of `snapshot` under `overlay`.
     pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared) -> Self {
@@ -164,6 +181,7 @@ impl<'a> Tables<Layered<'a>> {
             snapshot,
             overlay,
             batch: Overlay::default(),
+            last: RefCell::new(None),
         })
     }
 
@@ -239,7 +257,7 @@ impl Access for Layered<'_> {
                 .overlay
                 .with_record(key, |known| known.map(<[u8]>::to_vec)),
         };
-        Ok(match known {
+        let bytes = match known {
             Some(known) => known,
             // The batch's snapshot is current under the writer lock: the same counter means
             // redb has not changed under the overlay since the read found the key absent.
@@ -253,12 +271,22 @@ impl Access for Layered<'_> {
                     .get(key.as_slice())?
                     .map(|v| v.value().to_vec())
             }
-        })
+        };
+        self.remember(key, bytes.as_ref().map(Vec::len));
+        Ok(bytes)
     }
 
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
-        let old = self.bytes(key)?.map(|b| b.len());
+        let remembered = match &*self.last.borrow() {
+            Some((last, len)) if last.as_slice() == key => Some(*len),
+            _ => None,
+        };
+        let old = match remembered {
+            Some(len) => len,
+            None => self.bytes(key)?.map(|b| b.len()),
+        };
         self.batch.set_record(key, record);
+        self.remember(key, record.map(<[u8]>::len));
         Ok(old)
     }
 
@@ -401,5 +429,45 @@ impl<A: Access> Tables<A> {
             }
             _ => Err(Fail::Op(Error::LeaseLost)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use redb::Database;
+    use redb::backends::InMemoryBackend;
+
+    use super::*;
+    use crate::engine::snapshot::Snapshots;
+
+    fn db() -> Database {
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .expect("db");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(RECORDS).expect("table");
+        txn.commit().expect("commit");
+        db
+    }
+
+    /// `set` takes the old length from the last read or write of the key when it can; it must
+    /// be the length the batch sees, also for writes with no read between them.
+    #[test]
+    fn a_layered_set_reports_the_length_the_batch_sees() -> Result<(), Fail> {
+        let (db, snapshots) = (db(), Snapshots::default());
+        let snapshot = snapshots.get(&db).map_err(Fail::Batch)?;
+        let overlay = Shared::new(Arc::new(Registry::default()));
+        let mut tables = Tables::layered(&snapshot, &overlay);
+        let access = &mut tables.access;
+        assert_eq!(access.set(b"k", Some(b"abc"))?, None);
+        assert_eq!(access.set(b"k", Some(b"abcdef"))?, Some(3));
+        assert_eq!(access.set(b"other", Some(b"xy"))?, None);
+        assert_eq!(access.set(b"k", None)?, Some(6));
+        assert_eq!(access.bytes(b"k")?, None);
+        assert_eq!(access.bytes(b"other")?, Some(b"xy".to_vec()));
+        assert_eq!(access.set(b"other", Some(b"x"))?, Some(2));
+        Ok(())
     }
 }
