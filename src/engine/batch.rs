@@ -85,10 +85,17 @@ pub(crate) struct Layered<'a> {
     snapshot: &'a Snapshot,
     overlay: &'a Shared,
     batch: Overlay,
-    /// The last key read or written and its record's length: a write call reads its key, then
-    /// writes it, and the write needs the old length, which would otherwise cost the same
-    /// lookups again (two hashes and a copy of the record, or a descent of redb's tree).
-    last: RefCell<Option<(Vec<u8>, Option<usize>)>>,
+    /// The last key read or written, its hash and its record's length: a write call reads its
+    /// key, then writes it, and the write needs the old length, which would otherwise cost the
+    /// same lookups again (two hashes and a copy of the record, or a descent of redb's tree).
+    last: RefCell<Option<Last>>,
+}
+
+/// See [`Layered::last`].
+struct Last {
+    key: Vec<u8>,
+    hash: u64,
+    len: Option<usize>,
 }
 
 /// Reading and writing one key's record and index entry, whichever the kind of batch.
@@ -164,12 +171,19 @@ impl<'a> Tables<Direct<'a>> {
 }
 
 impl Layered<'_> {
-    /// Remembers `key`'s record length as this batch now sees it (see `last`).
-    fn remember(&self, key: &[u8], len: Option<usize>) {
+    /// Remembers `key` (whose hash is `hash`) with its record's length as this batch now sees
+    /// it (see `last`).
+    fn remember(&self, key: &[u8], hash: u64, len: Option<usize>) {
         let mut last = self.last.borrow_mut();
         match &mut *last {
-            Some((kept, kept_len)) if kept.as_slice() == key => *kept_len = len,
-            _ => *last = Some((key.to_vec(), len)),
+            Some(kept) if kept.key == key => kept.len = len,
+            _ => {
+                *last = Some(Last {
+                    key: key.to_vec(),
+                    hash,
+                    len,
+                })
+            }
         }
     }
 }
@@ -251,11 +265,12 @@ impl Access for Layered<'_> {
         key: &[u8],
         absent_at: Option<u64>,
     ) -> Result<Option<Vec<u8>>, Fail> {
-        let known = match self.batch.record(key) {
+        let hash = overlay::key_hash(key);
+        let known = match self.batch.record_hashed(key, hash) {
             Some(known) => Some(known.map(<[u8]>::to_vec)),
             None => self
                 .overlay
-                .with_record(key, |known| known.map(<[u8]>::to_vec)),
+                .with_record_hashed(key, hash, |known| known.map(<[u8]>::to_vec)),
         };
         let bytes = match known {
             Some(known) => known,
@@ -272,21 +287,21 @@ impl Access for Layered<'_> {
                     .map(|v| v.value().to_vec())
             }
         };
-        self.remember(key, bytes.as_ref().map(Vec::len));
+        self.remember(key, hash, bytes.as_ref().map(Vec::len));
         Ok(bytes)
     }
 
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
         let remembered = match &*self.last.borrow() {
-            Some((last, len)) if last.as_slice() == key => Some(*len),
+            Some(last) if last.key == key => Some((last.hash, last.len)),
             _ => None,
         };
-        let old = match remembered {
-            Some(len) => len,
-            None => self.bytes(key)?.map(|b| b.len()),
+        let (hash, old) = match remembered {
+            Some(known) => known,
+            None => (overlay::key_hash(key), self.bytes(key)?.map(|b| b.len())),
         };
-        self.batch.set_record(key, record);
-        self.remember(key, record.map(<[u8]>::len));
+        self.batch.set_record_hashed(key, hash, record);
+        self.remember(key, hash, record.map(<[u8]>::len));
         Ok(old)
     }
 
