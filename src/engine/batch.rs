@@ -451,21 +451,9 @@ impl<A: Access> Tables<A> {
 mod tests {
     use std::sync::Arc;
 
-    use redb::Database;
-    use redb::backends::InMemoryBackend;
-
     use super::*;
     use crate::engine::snapshot::Snapshots;
-
-    fn db() -> Database {
-        let db = Database::builder()
-            .create_with_backend(InMemoryBackend::new())
-            .expect("db");
-        let txn = db.begin_write().expect("write");
-        txn.open_table(RECORDS).expect("table");
-        txn.commit().expect("commit");
-        db
-    }
+    use crate::engine::snapshot::tests::db;
 
     /// `set` takes the old length from the last read or write of the key when it can; it must
     /// be the length the batch sees, also for writes with no read between them.

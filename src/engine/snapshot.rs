@@ -103,11 +103,12 @@ impl Snapshots {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use redb::backends::InMemoryBackend;
 
-    fn db() -> Database {
+    /// A database in memory with an empty records table.
+    pub(crate) fn db() -> Database {
         let db = Database::builder()
             .create_with_backend(InMemoryBackend::new())
             .expect("db");
