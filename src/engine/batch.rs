@@ -9,6 +9,8 @@
 //! Every mutation goes through [`Tables`], which keeps the usage counters and the changes for
 //! the write-ahead log, so that none escapes the log.
 
+use std::cell::RefCell;
+
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::api::clock::Timestamp;
@@ -83,6 +85,17 @@ pub(crate) struct Layered<'a> {
     snapshot: &'a Snapshot,
     overlay: &'a Shared,
     batch: Overlay,
+    /// The last key read or written, its hash and its record's length: a write call reads its
+    /// key, then writes it, and the write needs the old length, which would otherwise cost the
+    /// same lookups again (two hashes and a copy of the record, or a descent of redb's tree).
+    last: RefCell<Option<Last>>,
+}
+
+/// See [`Layered::last`].
+struct Last {
+    key: Vec<u8>,
+    hash: u64,
+    len: Option<usize>,
 }
 
 /// Reading and writing one key's record and index entry, whichever the kind of batch.
@@ -157,6 +170,24 @@ impl<'a> Tables<Direct<'a>> {
     }
 }
 
+impl Layered<'_> {
+    /// Remembers `key` (whose hash is `hash`) with its record's length as this batch now sees
+    /// it (see `last`).
+    fn remember(&self, key: &[u8], hash: u64, len: Option<usize>) {
+        let mut last = self.last.borrow_mut();
+        match &mut *last {
+            Some(kept) if kept.key == key => kept.len = len,
+            _ => {
+                *last = Some(Last {
+                    key: key.to_vec(),
+                    hash,
+                    len,
+                })
+            }
+        }
+    }
+}
+
 impl<'a> Tables<Layered<'a>> {
     /// The records of `snapshot` under `overlay`.
     pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared) -> Self {
@@ -164,6 +195,7 @@ impl<'a> Tables<Layered<'a>> {
             snapshot,
             overlay,
             batch: Overlay::default(),
+            last: RefCell::new(None),
         })
     }
 
@@ -233,13 +265,14 @@ impl Access for Layered<'_> {
         key: &[u8],
         absent_at: Option<u64>,
     ) -> Result<Option<Vec<u8>>, Fail> {
-        let known = match self.batch.record(key) {
+        let hash = overlay::key_hash(key);
+        let known = match self.batch.record_hashed(key, hash) {
             Some(known) => Some(known.map(<[u8]>::to_vec)),
             None => self
                 .overlay
-                .with_record(key, |known| known.map(<[u8]>::to_vec)),
+                .with_record_hashed(key, hash, |known| known.map(<[u8]>::to_vec)),
         };
-        Ok(match known {
+        let bytes = match known {
             Some(known) => known,
             // The batch's snapshot is current under the writer lock: the same counter means
             // redb has not changed under the overlay since the read found the key absent.
@@ -253,12 +286,22 @@ impl Access for Layered<'_> {
                     .get(key.as_slice())?
                     .map(|v| v.value().to_vec())
             }
-        })
+        };
+        self.remember(key, hash, bytes.as_ref().map(Vec::len));
+        Ok(bytes)
     }
 
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
-        let old = self.bytes(key)?.map(|b| b.len());
-        self.batch.set_record(key, record);
+        let remembered = match &*self.last.borrow() {
+            Some(last) if last.key == key => Some((last.hash, last.len)),
+            _ => None,
+        };
+        let (hash, old) = match remembered {
+            Some(known) => known,
+            None => (overlay::key_hash(key), self.bytes(key)?.map(|b| b.len())),
+        };
+        self.batch.set_record_hashed(key, hash, record);
+        self.remember(key, hash, record.map(<[u8]>::len));
         Ok(old)
     }
 
@@ -401,5 +444,33 @@ impl<A: Access> Tables<A> {
             }
             _ => Err(Fail::Op(Error::LeaseLost)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::snapshot::Snapshots;
+    use crate::engine::snapshot::tests::db;
+
+    /// `set` takes the old length from the last read or write of the key when it can; it must
+    /// be the length the batch sees, also for writes with no read between them.
+    #[test]
+    fn a_layered_set_reports_the_length_the_batch_sees() -> Result<(), Fail> {
+        let (db, snapshots) = (db(), Snapshots::default());
+        let snapshot = snapshots.get(&db).map_err(Fail::Batch)?;
+        let overlay = Shared::new(Arc::new(Registry::default()));
+        let mut tables = Tables::layered(&snapshot, &overlay);
+        let access = &mut tables.access;
+        assert_eq!(access.set(b"k", Some(b"abc"))?, None);
+        assert_eq!(access.set(b"k", Some(b"abcdef"))?, Some(3));
+        assert_eq!(access.set(b"other", Some(b"xy"))?, None);
+        assert_eq!(access.set(b"k", None)?, Some(6));
+        assert_eq!(access.bytes(b"k")?, None);
+        assert_eq!(access.bytes(b"other")?, Some(b"xy".to_vec()));
+        assert_eq!(access.set(b"other", Some(b"x"))?, Some(2));
+        Ok(())
     }
 }

@@ -23,6 +23,7 @@ use crate::engine::contain::contain_then;
 use crate::engine::meta::Counters;
 use crate::engine::overlay::{self, Shared};
 use crate::engine::poison::Poison;
+use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
 use crate::error::{Error, Result};
 
@@ -67,6 +68,7 @@ impl Flusher {
     pub(crate) fn start(
         db: Arc<Database>,
         overlay: Arc<Shared>,
+        snapshots: Arc<Snapshots>,
         poison: Arc<Poison>,
         stats: Arc<EngineStats>,
     ) -> Result<Flusher> {
@@ -74,7 +76,14 @@ impl Flusher {
         let channel = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idempotency-store-flush".into())
-            .spawn(move || run(&channel, &db, &overlay, &poison, &stats))
+            .spawn(move || {
+                let tables = Tables {
+                    db: &db,
+                    overlay: &overlay,
+                    snapshots: &snapshots,
+                };
+                run(&channel, &tables, &poison, &stats)
+            })
             .map_err(|err| Error::storage("starting the flush thread", err))?;
         Ok(Flusher {
             shared,
@@ -133,7 +142,15 @@ impl Drop for Flusher {
     }
 }
 
-fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison, stats: &EngineStats) {
+/// What the thread writes: the frozen generation of `overlay` into `db`, each commit under
+/// `snapshots` (see `write`).
+struct Tables<'a> {
+    db: &'a Database,
+    overlay: &'a Shared,
+    snapshots: &'a Snapshots,
+}
+
+fn run(channel: &Channel, tables: &Tables<'_>, poison: &Poison, stats: &EngineStats) {
     loop {
         let job = {
             let mut state = channel.state.lock();
@@ -153,7 +170,7 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison, stat
             "writing the overlay into the tables",
             || {
                 poison.check()?;
-                write(db, overlay, job, stats)
+                write(tables, job, stats)
             },
             |err| poison.set(Arc::new(err.clone())),
         );
@@ -162,8 +179,15 @@ fn run(channel: &Channel, db: &Database, overlay: &Shared, poison: &Poison, stat
     }
 }
 
-/// The frozen generation into redb, in one commit.
-fn write(db: &Database, overlay: &Shared, job: Task, stats: &EngineStats) -> Result<()> {
+/// The frozen generation into redb, in one commit. Readers need not know of the commit (the
+/// overlay keeps the generation until the writer drops it), but it drops their shared
+/// snapshot: one kept across commits would keep redb from reusing the pages they free.
+fn write(tables: &Tables<'_>, job: Task, stats: &EngineStats) -> Result<()> {
+    let Tables {
+        db,
+        overlay,
+        snapshots,
+    } = *tables;
     let started = std::time::Instant::now();
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |changes| {
@@ -179,7 +203,7 @@ fn write(db: &Database, overlay: &Shared, job: Task, stats: &EngineStats) -> Res
             quick_repair,
         } => counters.merge(&mut txn, seq, quick_repair)?,
     }
-    txn.commit()?;
+    snapshots.change(|| txn.commit())?;
     if matches!(job, Task::Merge { .. }) {
         stats.merged(started);
     }

@@ -78,7 +78,7 @@ pub(crate) struct Engine {
     /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
     overlay: Arc<Shared>,
     /// The read snapshot of redb under the overlay that reads share (see `snapshot`).
-    snapshots: Snapshots,
+    snapshots: Arc<Snapshots>,
     /// Writes full overlay generations into redb; see `flush`.
     flusher: Flusher,
     /// The highest time the engine has used; its clock never goes below it.
@@ -166,9 +166,11 @@ impl Engine {
         let db = Arc::new(db);
         let overlay = Arc::new(Shared::new(Arc::clone(&config.effects)));
         let stats = Arc::new(EngineStats::default());
+        let snapshots = Arc::new(Snapshots::default());
         let flusher = Flusher::start(
             Arc::clone(&db),
             Arc::clone(&overlay),
+            Arc::clone(&snapshots),
             Arc::clone(&poison),
             Arc::clone(&stats),
         )?;
@@ -179,7 +181,7 @@ impl Engine {
             config,
             writer: Mutex::new(writer),
             overlay,
-            snapshots: Snapshots::default(),
+            snapshots,
             high_water: AtomicU64::new(high_water),
             poison,
             stats,

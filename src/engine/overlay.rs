@@ -71,7 +71,7 @@ pub(crate) struct Overlay {
 /// per key and used for its shard and for its entry in either generation: hashing the key
 /// for each of them, and the hash again for each map, was 9 % of an in-memory claim and
 /// completion's instructions (`valgrind --tool=callgrind`).
-fn key_hash(key: &[u8]) -> u64 {
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
     static STATE: OnceLock<RandomState> = OnceLock::new();
     STATE.get_or_init(RandomState::new).hash_one(key)
 }
@@ -109,17 +109,15 @@ struct Entry {
     key: Range<usize>,
     value: Option<Range<usize>>,
     next: Option<usize>,
+    /// The key's [`key_hash`], kept so that absorbing the entry into the shared overlay need
+    /// not hash the key again.
+    hash: u64,
 }
 
 impl Overlay {
-    /// What the overlay knows of `key`: `None` if nothing (look in redb), `Some(None)` if the
-    /// record was deleted.
-    pub(crate) fn record(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.record_hashed(key, key_hash(key))
-    }
-
-    /// `record`, for a key whose [`key_hash`] is `hash`.
-    fn record_hashed(&self, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
+    /// What the overlay knows of `key`, whose [`key_hash`] is `hash`: `None` if nothing (look
+    /// in redb), `Some(None)` if the record was deleted.
+    pub(crate) fn record_hashed(&self, key: &[u8], hash: u64) -> Option<Option<&[u8]>> {
         let i = self.position(&self.records, key, hash)?;
         Some(
             self.records.entries[i]
@@ -165,11 +163,13 @@ impl Overlay {
         self.bytes.len()
     }
 
+    #[cfg(test)]
     pub(crate) fn set_record(&mut self, key: &[u8], record: Option<&[u8]>) {
         self.set_record_hashed(key, key_hash(key), record);
     }
 
-    fn set_record_hashed(&mut self, key: &[u8], hash: u64, record: Option<&[u8]>) {
+    /// Sets (or with `None` deletes) the record of `key`, whose [`key_hash`] is `hash`.
+    pub(crate) fn set_record_hashed(&mut self, key: &[u8], hash: u64, record: Option<&[u8]>) {
         let value = record.map(|r| self.append(r));
         self.set(Which::Records, key, hash, value);
     }
@@ -249,7 +249,12 @@ impl Overlay {
         let key = self.append(key);
         let map = self.map_mut(which);
         let next = map.heads.insert(hash, map.entries.len());
-        map.entries.push(Entry { key, value, next });
+        map.entries.push(Entry {
+            key,
+            value,
+            next,
+            hash,
+        });
     }
 
     fn map(&self, which: Which) -> &Map {
@@ -328,7 +333,16 @@ impl Shared {
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Option<T> {
-        let hash = key_hash(key);
+        self.with_record_hashed(key, key_hash(key), read)
+    }
+
+    /// `with_record`, for a key whose [`key_hash`] is `hash`.
+    pub(crate) fn with_record_hashed<T>(
+        &self,
+        key: &[u8],
+        hash: u64,
+        read: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Option<T> {
         let shard = self.shard(hash);
         let active = shard.active.read();
         if let Some(known) = active.record_hashed(key, hash) {
@@ -359,28 +373,20 @@ impl Shared {
             .any(|s| s.active.read().has_effects() || s.frozen.read().has_effects())
     }
 
-    /// Takes in `batch` (a committed batch's changes), which win over the overlay's own.
+    /// Takes in `batch` (a committed batch's changes), which win over the overlay's own: its
+    /// records, then its index entries, then its effect rows, each under the hash the batch
+    /// filed it by (an index entry's shard is that of the entry, not of its record's key).
     pub(crate) fn absorb(&self, batch: &Overlay) {
-        let changes = batch.changes();
-        for (key, record) in changes.records {
-            let hash = key_hash(key);
-            self.shard(hash)
-                .active
-                .write()
-                .set_record_hashed(key, hash, record);
-        }
-        for (expires_at, key, present) in changes.index {
-            self.shard(key_hash(key))
-                .active
-                .write()
-                .set_index(expires_at, key, present);
-        }
-        for (at, value) in changes.effects {
-            let hash = key_hash(at);
-            self.shard(hash)
-                .active
-                .write()
-                .set_effect_hashed(at, hash, value);
+        for which in [Which::Records, Which::Index, Which::Effects] {
+            for entry in &batch.map(which).entries {
+                let key = &batch.bytes[entry.key.clone()];
+                let mut active = self.shard(entry.hash).active.write();
+                let value = entry
+                    .value
+                    .as_ref()
+                    .map(|v| active.append(&batch.bytes[v.clone()]));
+                active.set(which, key, entry.hash, value);
+            }
         }
     }
 

@@ -8,7 +8,9 @@
 //! writer lock: the overlay drops a generation that redb has taken (the flush thread's commits
 //! add nothing the overlay does not still hold until then), and a batch or merge commits to
 //! redb directly. Both are bracketed by [`Snapshots::change`], which moves a counter to odd
-//! and back to even, like a seqlock's, and drops the shared snapshot.
+//! and back to even, like a seqlock's, and drops the shared snapshot. The flush thread's
+//! commits are bracketed too, though no read needs it: a snapshot kept across commits would
+//! keep redb from reusing the pages they free (see `flush::write`).
 //!
 //! A read takes the shared snapshot (or begins one), checks the overlay, reads the snapshot,
 //! and keeps the answer only if the counter has not moved since the snapshot was taken: a
@@ -101,11 +103,12 @@ impl Snapshots {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use redb::backends::InMemoryBackend;
 
-    fn db() -> Database {
+    /// A database in memory with an empty records table.
+    pub(crate) fn db() -> Database {
         let db = Database::builder()
             .create_with_backend(InMemoryBackend::new())
             .expect("db");
