@@ -241,6 +241,20 @@ impl Log {
         Some(self.last_seq())
     }
 
+    /// The start of the half being written, the next entry's position and the half's end.
+    #[cfg(test)]
+    pub(crate) fn at(&self) -> (u64, u64, u64) {
+        let half = self.half;
+        (half.start(self.region), self.pos, half.end(self.region))
+    }
+
+    /// Whether the half being written is at least `num / den` full.
+    pub(crate) fn filled(&self, (num, den): (u64, u64)) -> bool {
+        let start = self.half.start(self.region);
+        let len = self.half.end(self.region) - start;
+        (self.pos - start) * den >= len * num
+    }
+
     /// A durable commit covers the entries up to the number `switch` returned.
     pub(crate) fn freed(&mut self) {
         self.other_free = true;
@@ -702,6 +716,32 @@ mod tests {
             numbers(&found),
             (covered_2 + 1..=covered_2 + 3).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_half_left_at_seven_eighths_recovers_across_the_switch() {
+        let (storage, region) = storage();
+        let (mut log, _) = recover(opened(storage.clone(), region), 0).expect("recover");
+        let mut seq = 1;
+        while !log.filled((7, 8)) {
+            assert!(log.append(&big(seq), false).expect("append"), "entry {seq}");
+            seq += 1;
+        }
+        assert!(
+            !log.filled((1, 1)),
+            "entries of this size leave room at the end of the half"
+        );
+        let covered = log.switch().expect("the second half is free");
+        assert_eq!(covered, seq - 1);
+        assert_eq!(log.pos, region.log_len / 2, "the second half starts");
+        for _ in 0..3 {
+            assert!(log.append(&big(seq), false).expect("append"));
+            seq += 1;
+        }
+        let (_, found) = recover(opened(storage.clone(), region), 0).expect("recover");
+        assert_eq!(numbers(&found), (1..seq).collect::<Vec<_>>());
+        let (_, found) = recover(opened(storage, region), covered).expect("recover");
+        assert_eq!(numbers(&found), (covered + 1..seq).collect::<Vec<_>>());
     }
 
     #[test]

@@ -8,6 +8,8 @@ mod effects;
 pub(crate) mod hooks;
 #[cfg(test)]
 mod log_faults;
+#[cfg(test)]
+mod log_halves;
 pub(crate) mod maintenance;
 pub(crate) mod metrics;
 pub(crate) mod nonblocking;
