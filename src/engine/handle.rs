@@ -136,6 +136,7 @@ const OVERLAY_LIMIT: usize = 4 * OVERLAY_RECORDS;
 /// 1 GiB in each generation. 4 MiB is about 10,000 ordinary records, so the record limit
 /// decides for them and this one only for large responses.
 const OVERLAY_BYTES: usize = 4 << 20;
+const OVERLAY_BYTES_LIMIT: usize = 4 * OVERLAY_BYTES;
 
 /// How full the log's half is when a batch may switch halves early, provided the flush thread
 /// is idle. A switch at a full half has to wait for the thread's write in progress to free the
@@ -144,7 +145,6 @@ const OVERLAY_BYTES: usize = 4 << 20;
 /// Switching at 7/8 with the thread idle, the waits came to 0-30 ms a run, for about 15 %
 /// more merges (BENCHMARKS.md, "Switching the log's halves early").
 const SWITCH_EARLY: (u64, u64) = (7, 8);
-const OVERLAY_BYTES_LIMIT: usize = 4 * OVERLAY_BYTES;
 
 impl Engine {
     /// Sets up the tables of a new store in `db`, or checks an existing one's, and replays the

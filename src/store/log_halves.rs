@@ -1,6 +1,6 @@
 //! How a store on a file moves between its log's halves: with the flush thread idle, a batch
 //! leaves a nearly full half before its entry would not fit (`engine::handle::SWITCH_EARLY`),
-//! so the switch never waits for the thread.
+//! so that switch does not wait for the thread.
 
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
