@@ -189,12 +189,13 @@ impl Layered<'_> {
 }
 
 impl<'a> Tables<Layered<'a>> {
-    /// The records of `snapshot` under `overlay`.
-    pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared) -> Self {
+    /// The records of `snapshot` under `overlay`; the batch's changes go into `batch`, an
+    /// empty overlay (see `Writer::batch`).
+    pub(crate) fn layered(snapshot: &'a Snapshot, overlay: &'a Shared, batch: Overlay) -> Self {
         Self::new(Layered {
             snapshot,
             overlay,
-            batch: Overlay::default(),
+            batch,
             last: RefCell::new(None),
         })
     }
@@ -462,7 +463,7 @@ mod tests {
         let (db, snapshots) = (db(), Snapshots::default());
         let snapshot = snapshots.get(&db).map_err(Fail::Batch)?;
         let overlay = Shared::new(Arc::new(Registry::default()));
-        let mut tables = Tables::layered(&snapshot, &overlay);
+        let mut tables = Tables::layered(&snapshot, &overlay, Overlay::default());
         let access = &mut tables.access;
         assert_eq!(access.set(b"k", Some(b"abc"))?, None);
         assert_eq!(access.set(b"k", Some(b"abcdef"))?, Some(3));

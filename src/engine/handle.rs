@@ -25,7 +25,7 @@ use crate::engine::meta::{
     Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
-use crate::engine::overlay::{self, Shared};
+use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
 use crate::engine::snapshot::Snapshots;
@@ -94,6 +94,10 @@ struct Writer {
     log: Log,
     /// The meta table's counters as of the last commit (see `Counters`).
     counters: Counters,
+    /// An empty overlay for the next layered batch's changes, kept with its capacity (see
+    /// `Overlay::clear`): a fresh one for each batch cost about ten allocations and their
+    /// frees, which contend for glibc's arena locks across the runtime's threads.
+    batch: Overlay,
     /// Tests only: the batch after this many more successful log writes panics once its
     /// entry is written, before its changes reach the overlay or redb.
     #[cfg(test)]
@@ -164,6 +168,7 @@ impl Engine {
             Writer {
                 log,
                 counters: Counters::load(&meta)?,
+                batch: Overlay::default(),
                 #[cfg(test)]
                 panic_after_log: None,
             }
@@ -431,14 +436,15 @@ impl Engine {
         let db = self.db()?;
         // Under the writer lock nothing changes redb's part (see `snapshot`).
         let snapshot = self.snapshots.get(db)?;
-        let mut tables = Tables::layered(&snapshot, &self.overlay);
+        let scratch = std::mem::take(&mut writer.batch);
+        let mut tables = Tables::layered(&snapshot, &self.overlay, scratch);
         let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
             writes
                 .iter_mut()
                 .try_for_each(|w| w.apply_layered(tables, ctx))
         })?;
         let changes = std::mem::take(&mut tables.changes);
-        let batch = tables.into_batch();
+        let mut batch = tables.into_batch();
         if !changes.is_empty() {
             self.switch_early(writer);
         }
@@ -449,6 +455,8 @@ impl Engine {
             self.stats.log_write();
             writer.logged();
             self.overlay.absorb(&batch);
+            batch.clear();
+            writer.batch = batch;
             writer.counters = counters;
             return self.hand_over(writer);
         }
