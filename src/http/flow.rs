@@ -341,7 +341,6 @@ pub(crate) enum Settling {
         parts: ::http::response::Parts,
         body: Vec<u8>,
         extensions: ::http::Extensions,
-        stored: Response,
     },
 }
 
@@ -376,12 +375,10 @@ impl Settling {
         }
         let (mut parts, body) = response.into_parts();
         let extensions = std::mem::take(&mut parts.extensions);
-        let stored = super::response::stored_copy(&parts, &body);
         Settling::Complete {
             parts,
             body,
             extensions,
-            stored,
         }
     }
 
@@ -407,8 +404,13 @@ impl Settling {
         match self {
             Settling::Release(_) => once_more(|| store.release(lease)).map(Ok),
             Settling::Complete {
-                stored, extensions, ..
-            } => complete(store, options, lease, stored, extensions),
+                parts,
+                body,
+                extensions,
+            } => {
+                let stored = || super::response::stored_copy(parts, body);
+                complete(store, options, lease, stored, extensions)
+            }
         }
     }
 
@@ -428,8 +430,10 @@ impl Settling {
         Some(async move {
             match self {
                 Settling::Release(_) => once_more_async(|| store.release(lease, blocking)).await,
-                Settling::Complete { stored, .. } => {
-                    once_more_async(|| store.complete(lease, stored.clone(), blocking)).await
+                Settling::Complete { parts, body, .. } => {
+                    // A copy for each attempt, not one kept beside the answer and cloned.
+                    let stored = || super::response::stored_copy(parts, body);
+                    once_more_async(|| store.complete(lease, stored(), blocking)).await
                 }
             }
             .map(Ok)
@@ -500,18 +504,18 @@ impl FollowUp {
     }
 }
 
-/// Stores `response` as the lease's final answer: through the options' hook if set, once
-/// more after an error whose outcome is unknown.
+/// Stores `response()` as the lease's final answer: through the options' hook if set, once
+/// more after an error whose outcome is unknown (each attempt takes its own copy).
 fn complete<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,
     lease: &Lease,
-    response: &Response,
+    response: impl Fn() -> Response,
     extensions: &::http::Extensions,
 ) -> Settled {
     once_more(|| match &options.complete {
-        Some(hook) => hook(lease, response.clone(), extensions),
-        None => store.complete(lease, response.clone()).map(Ok),
+        Some(hook) => hook(lease, response(), extensions),
+        None => store.complete(lease, response()).map(Ok),
     })
 }
 
@@ -554,7 +558,7 @@ fn store_response<S: IdempotencyStore + ?Sized>(
     stored: Response,
     extensions: &::http::Extensions,
 ) -> Answer {
-    match complete(store, options, lease, &stored, extensions) {
+    match complete(store, options, lease, || stored.clone(), extensions) {
         Ok(Ok(())) => to_http(stored).unwrap_or_else(|_| options.answer(&Problem::internal())),
         Ok(Err(err)) => {
             options.report(&*err);

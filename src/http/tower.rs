@@ -391,7 +391,7 @@ where
     });
     let answer = match collected {
         Ok(body) => {
-            let response = Response::from_parts(parts, body.to_vec());
+            let response = Response::from_parts(parts, Vec::from(body));
             runner.settle(&ticket, lease, response, started).await
         }
         // The handler ran: its answer is lost, so a substitute keeps it from running again.

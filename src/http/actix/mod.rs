@@ -334,7 +334,7 @@ where
     let (mut head, body) = response.into_parts();
     let settled = match actix_web::body::to_bytes(body).await {
         Ok(body) => {
-            let response = convert::answer(&mut head, body.to_vec());
+            let response = convert::answer(&mut head, Vec::from(body));
             runner.settle(&ticket, lease, response, started).await
         }
         // The handler ran: its answer is lost, so a substitute keeps it from running again.
