@@ -384,6 +384,26 @@ fn redb_reports_merges_file_size_and_the_sweeper() {
     assert_eq!(engine.sweeper_last_error, None);
 }
 
+/// A store in memory writes no log (nothing of it outlives the `Store`), and merges each full
+/// overlay generation durably instead: redb gives back the pages that unsynced commits free
+/// from its last durable state only at a durable commit.
+#[test]
+fn redb_in_memory_writes_no_log_and_merges_each_generation() {
+    let store = Store::builder().open_in_memory().expect("open");
+    for i in 0..5000 {
+        let lease = acquire(&store, &key(&format!("key-{i}")));
+        store
+            .complete(&lease, Response::new(200, "ok"))
+            .expect("complete");
+    }
+    let engine = store.metrics().engine.expect("engine");
+    assert_eq!(engine.log_writes, 0, "no log entry in memory: {engine:?}");
+    assert!(
+        engine.merges >= 2,
+        "5000 records fill generations of 1024: {engine:?}"
+    );
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_counts_each_outcome() {

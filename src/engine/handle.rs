@@ -62,7 +62,8 @@ pub(crate) struct Config {
     /// What the open does with the log's rows of effect tables not in `effects` (see `kept`).
     pub unregistered: Unregistered,
     /// The storage is memory (`open_in_memory`): a batch never waits for I/O, so an async
-    /// caller leads its batch on its own thread (see `Committer::enqueue_inline`).
+    /// caller leads its batch on its own thread (see `Committer::enqueue_inline`), and a
+    /// layered batch writes no log entry (see `write_layered`).
     pub in_memory: bool,
 }
 
@@ -445,14 +446,20 @@ impl Engine {
         })?;
         let changes = std::mem::take(&mut tables.changes);
         let mut batch = tables.into_batch();
-        if !changes.is_empty() {
+        // A store in memory keeps no log: nothing of it outlives the `Store`, so the entry
+        // (its encoding, checksum and copy were 5 % of an in-memory POST's instructions)
+        // would protect nothing, and without it the log never fills and never forces a merge.
+        let unlogged = changes.is_empty() || self.config.in_memory;
+        if !unlogged {
             self.switch_early(writer);
         }
-        if changes.is_empty()
+        if unlogged
             || writer.log.append(&changes, false)?
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
-            self.stats.log_write();
+            if !self.config.in_memory {
+                self.stats.log_write();
+            }
             writer.logged();
             self.overlay.absorb(&batch);
             batch.clear();
@@ -477,11 +484,27 @@ impl Engine {
         self.collect_flush(writer, false);
         if self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.overlay.freeze();
-            self.flusher.request(Task::Flush);
+            self.flusher.request(self.generation_task(writer));
         } else if records >= OVERLAY_LIMIT || bytes >= OVERLAY_BYTES_LIMIT {
             self.flush_overlay(writer)?;
         }
         Ok(())
+    }
+
+    /// What the flush thread does with a full generation: a commit without a sync, which the
+    /// log covers. In memory there is no log to fill and force merges, and redb gives back the
+    /// pages that unsynced commits free from its last durable state only at a durable commit,
+    /// so there every generation is a merge (whose sync costs nothing there): a store that
+    /// never merged would keep the pages of every record it ever rewrote.
+    fn generation_task(&self, writer: &Writer) -> Task {
+        if !self.config.in_memory {
+            return Task::Flush;
+        }
+        Task::Merge {
+            seq: writer.log.last_seq(),
+            counters: self.with_high_water(writer.counters),
+            quick_repair: self.config.quick_repair,
+        }
     }
 
     /// Switches the log's halves before the half is full (see [`SWITCH_EARLY`]), if the flush
