@@ -333,10 +333,11 @@ impl StoreBuilder {
         Ok(Store::new(engine, self.clone(), Some(path.to_path_buf())))
     }
 
-    /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`. Since its
-    /// commits wait for no I/O, its async calls
-    /// ([`nonblocking`](crate::IdempotencyStore::nonblocking)) commit on the caller's own
-    /// thread rather than handing their batch to a thread of the blocking pool.
+    /// Opens a fresh store held in memory, for tests. Nothing survives the `Store`, so its
+    /// claims and settlements write no write-ahead log entry. Since its commits wait for no
+    /// I/O, its async calls ([`nonblocking`](crate::IdempotencyStore::nonblocking)) commit on
+    /// the caller's own thread rather than handing their batch to a thread of the blocking
+    /// pool.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an out-of-range setting.
