@@ -134,6 +134,8 @@ pub(crate) struct Tables<A> {
     pub(crate) access: A,
     pub usage: Usage,
     pub changes: Vec<Change>,
+    /// Whether the changes are collected for the log (see [`unlogged`](Tables::unlogged)).
+    pub logged: bool,
 }
 
 impl<A> Tables<A> {
@@ -142,6 +144,21 @@ impl<A> Tables<A> {
             access,
             usage: Usage::default(),
             changes: Vec::new(),
+            logged: true,
+        }
+    }
+
+    /// Collects no changes: for a batch that writes no log entry (a store in memory), which
+    /// then copies no keys or records for one.
+    pub(crate) fn unlogged(mut self) -> Self {
+        self.logged = false;
+        self
+    }
+
+    /// Records a change for the log, if the batch has one.
+    fn log(&mut self, change: impl FnOnce() -> Change) {
+        if self.logged {
+            self.changes.push(change());
         }
     }
 }
@@ -165,7 +182,7 @@ impl<'a> Tables<Direct<'a>> {
     /// Drops a stale index entry. Only scans find those.
     pub(crate) fn drop_entry(&mut self, expires_at: u64, hash: u64) -> Result<(), Fail> {
         self.access.expiry.remove((expires_at, hash))?;
-        self.changes.push(Change::DropEntry { expires_at, hash });
+        self.log(|| Change::DropEntry { expires_at, hash });
         Ok(())
     }
 }
@@ -387,14 +404,14 @@ impl<A: Access> Tables<A> {
                 self.unindex(old, k)?;
             }
             self.access.set_index(new, k, true)?;
-            self.changes.push(Change::Index {
+            self.log(|| Change::Index {
                 expires_at: new,
                 key: k.to_vec(),
             });
         }
         let old = self.access.set(k, Some(&bytes))?;
         self.usage.replaced(k.len(), bytes.len(), old);
-        self.changes.push(Change::Put {
+        self.log(|| Change::Put {
             key: k.to_vec(),
             record: bytes,
         });
@@ -405,7 +422,7 @@ impl<A: Access> Tables<A> {
         self.unindex(expires_at, key)?;
         let old = self.access.set(key, None)?;
         self.usage.removed(key.len(), old);
-        self.changes.push(Change::Delete { key: key.to_vec() });
+        self.log(|| Change::Delete { key: key.to_vec() });
         Ok(())
     }
 
@@ -417,8 +434,9 @@ impl<A: Access> Tables<A> {
             .registry()
             .table(row.table)
             .map_err(Fail::Batch)?;
-        self.changes.push(Change::Effect {
-            table: table.name().to_owned(),
+        let table = table.name().to_owned();
+        self.log(|| Change::Effect {
+            table,
             key: row.key,
             value: row.value,
         });
@@ -427,7 +445,7 @@ impl<A: Access> Tables<A> {
 
     fn unindex(&mut self, expires_at: u64, key: &[u8]) -> Result<(), Fail> {
         self.access.set_index(expires_at, key, false)?;
-        self.changes.push(Change::Unindex {
+        self.log(|| Change::Unindex {
             expires_at,
             key: key.to_vec(),
         });

@@ -439,6 +439,13 @@ impl Engine {
         let snapshot = self.snapshots.get(db)?;
         let scratch = std::mem::take(&mut writer.batch);
         let mut tables = Tables::layered(&snapshot, &self.overlay, scratch);
+        // A store in memory keeps no log: nothing of it outlives the `Store`, so an entry
+        // (the changes collected, encoded, checksummed and copied into memory: 7 % of an
+        // in-memory POST's instructions) would protect nothing, and without it the log never
+        // fills and never forces a merge (see `generation_task`).
+        if self.config.in_memory {
+            tables = tables.unlogged();
+        }
         let counters = self.with_tables(&mut tables, writer.counters, |tables, ctx| {
             writes
                 .iter_mut()
@@ -446,14 +453,10 @@ impl Engine {
         })?;
         let changes = std::mem::take(&mut tables.changes);
         let mut batch = tables.into_batch();
-        // A store in memory keeps no log: nothing of it outlives the `Store`, so the entry
-        // (its encoding, checksum and copy were 5 % of an in-memory POST's instructions)
-        // would protect nothing, and without it the log never fills and never forces a merge.
-        let unlogged = changes.is_empty() || self.config.in_memory;
-        if !unlogged {
+        if !changes.is_empty() {
             self.switch_early(writer);
         }
-        if unlogged
+        if changes.is_empty()
             || writer.log.append(&changes, false)?
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
@@ -658,11 +661,13 @@ impl Engine {
             clock: counters.clock.max(ctx.now.as_millis()),
             usage: tables.usage,
         };
-        tables.changes.extend(
-            after
-                .changed_since(&counters)
-                .map(|(counter, value)| Change::Counter { counter, value }),
-        );
+        if tables.logged {
+            tables.changes.extend(
+                after
+                    .changed_since(&counters)
+                    .map(|(counter, value)| Change::Counter { counter, value }),
+            );
+        }
         Ok(after)
     }
 
