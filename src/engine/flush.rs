@@ -142,8 +142,8 @@ impl Drop for Flusher {
     }
 }
 
-/// What the thread writes: the frozen generation of `overlay` into `db`, each commit under
-/// `snapshots` (see `write`).
+/// What the thread writes: the frozen generation of `overlay` into `db`, each commit followed
+/// by a release of the shared snapshot in `snapshots` (see `write`).
 struct Tables<'a> {
     db: &'a Database,
     overlay: &'a Shared,
@@ -203,7 +203,8 @@ fn write(tables: &Tables<'_>, job: Task, stats: &EngineStats) -> Result<()> {
             quick_repair,
         } => counters.merge(&mut txn, seq, quick_repair)?,
     }
-    snapshots.change(|| txn.commit())?;
+    txn.commit()?;
+    snapshots.release();
     if matches!(job, Task::Merge { .. }) {
         stats.merged(started);
     }

@@ -9,8 +9,11 @@
 //! add nothing the overlay does not still hold until then), and a batch or merge commits to
 //! redb directly. Both are bracketed by [`Snapshots::change`], which moves a counter to odd
 //! and back to even, like a seqlock's, and drops the shared snapshot. The flush thread's
-//! commits are bracketed too, though no read needs it: a snapshot kept across commits would
-//! keep redb from reusing the pages they free (see `flush::write`).
+//! commits only drop the shared snapshot once they are done ([`Snapshots::release`]): no read
+//! needs more, but a snapshot kept across commits would keep redb from reusing the pages they
+//! free (see `flush::write`). Bracketing them as changes made every read during one (a merge's
+//! sync takes milliseconds) begin a snapshot of its own and then read again: at 64 threads,
+//! about one of each per claim.
 //!
 //! A read takes the shared snapshot (or begins one), checks the overlay, reads the snapshot,
 //! and keeps the answer only if the counter has not moved since the snapshot was taken: a
@@ -83,6 +86,14 @@ impl Snapshots {
         snapshot.epoch.is_multiple_of(2) && self.epoch.load(Ordering::SeqCst) == snapshot.epoch
     }
 
+    /// Drops the shared snapshot without marking a change, after a commit that changed nothing
+    /// a read can see: reads begun before it stay current, and the next one begins a new
+    /// snapshot, so that redb can reuse the pages the commit freed.
+    pub(crate) fn release(&self) {
+        let old = self.shared.lock().take();
+        drop(old);
+    }
+
     /// Runs `change` (a commit to redb, or dropping an overlay generation redb holds) with the
     /// counter odd, and drops the shared snapshot, so that no read keeps an answer from before
     /// it. The counter is even again afterwards, also if `change` panics.
@@ -130,6 +141,17 @@ pub(crate) mod tests {
         let after = snapshots.get(&db).expect("snapshot");
         assert!(!Arc::ptr_eq(&first, &after));
         assert!(snapshots.current(&after));
+    }
+
+    #[test]
+    fn a_release_ends_the_sharing_but_keeps_reads_current() {
+        let (db, snapshots) = (db(), Snapshots::default());
+        let first = snapshots.get(&db).expect("snapshot");
+        snapshots.release();
+        assert!(snapshots.current(&first), "a release is not a change");
+        let after = snapshots.get(&db).expect("snapshot");
+        assert!(!Arc::ptr_eq(&first, &after));
+        assert!(Arc::ptr_eq(&after, &snapshots.get(&db).expect("snapshot")));
     }
 
     #[test]
