@@ -252,7 +252,7 @@ fn redb_counts_the_overlay_until_it_is_flushed() {
         (engine.overlay_records, engine.overlay_bytes)
     };
     assert_eq!(overlay(), (0, 0), "a new store has nothing logged");
-    // Fewer records than the 128 that freeze a generation for the flush thread, so all of
+    // Fewer records than the 1024 that freeze a generation for the flush thread, so all of
     // them stay in the overlay until something flushes it.
     let keys: Vec<Key> = (0..100).map(|i| key(&format!("key-{i:03}"))).collect();
     let mut leases = vec![acquire(&store, &keys[0])];
@@ -278,6 +278,27 @@ fn redb_counts_the_overlay_until_it_is_flushed() {
     // `stats` walks redb's tables, so it writes the overlay into them first.
     assert_eq!(store.stats().expect("stats").completed, 100);
     assert_eq!(overlay(), (0, 0), "flushed");
+}
+
+/// A larger log takes larger overlay generations (1024 records per MiB of log, up to 16):
+/// 3000 claims all stay in the overlay of a store with a 4 MiB log, while the default 1 MiB
+/// log hands generations of 1024 to the flush thread (and its 512 KiB halves fill).
+#[test]
+fn redb_overlay_generations_grow_with_the_log() {
+    let overlay_after_claims = |log_size: u64| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::builder()
+            .log_size(log_size)
+            .open(dir.path().join("store.idem"))
+            .expect("open");
+        for i in 0..3000 {
+            let _lease = acquire(&store, &key(&format!("key-{i:04}")));
+        }
+        store.metrics().engine.expect("engine").overlay_records
+    };
+    let default = overlay_after_claims(1 << 20);
+    assert!(default < 2500, "1 MiB: {default} records in the overlay");
+    assert_eq!(overlay_after_claims(4 << 20), 3000, "4 MiB");
 }
 
 /// An in-memory disk whose syncs fail with `EIO` once `failing` is set (as in tests/edges.rs).
