@@ -31,6 +31,8 @@ pub(crate) struct Args {
     pub(crate) sweep_batch: Option<usize>,
     /// `--recovery-child` only: the store file and its durability.
     pub(crate) child: Option<(PathBuf, Durability)>,
+    /// `--log-size`: the store's log in bytes (`StoreBuilder::log_size`); `None`, its default.
+    pub(crate) log_size: Option<u64>,
     /// `--recorder`: a Prometheus recorder receives the `metrics` facade's values, as in a
     /// service that exports them (with the `metrics` feature; without it nothing is sent).
     pub(crate) recorder: bool,
@@ -72,6 +74,9 @@ pub(crate) struct Cli {
     /// With --sweep: loop `sweep(N)` instead of calling `sweep_all()`.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) sweep_batch: Option<usize>,
+    /// The store's log size in MiB, for the store cells and --space (default: the store's).
+    #[arg(long, value_name = "MIB", value_parser = number::<u64>)]
+    pub(crate) log_size: Option<u64>,
     /// Send the `metrics` facade's values to a Prometheus recorder, as a service would.
     #[arg(long)]
     pub(crate) recorder: bool,
@@ -155,6 +160,7 @@ pub(crate) fn parse_args() -> Args {
         prefill_threads: cli.prefill_threads,
         sweep_batch: cli.sweep_batch,
         child,
+        log_size: cli.log_size.map(|mib| mib << 20),
         recorder: cli.recorder,
     }
 }

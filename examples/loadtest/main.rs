@@ -9,12 +9,15 @@
 //!
 //! ```text
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
-//!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N] [--recorder]
+//!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N] [--recorder] [--log-size MIB]
 //! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
 //!     [--sweep-batch N]
-//! cargo run --release --example loadtest -- --space [--records N] [--dir PATH]
+//! cargo run --release --example loadtest -- --space [--records N] [--dir PATH] [--log-size MIB]
 //! cargo run --release --example loadtest -- --recovery [--records N] [--dir PATH]
 //! ```
+//!
+//! `--log-size` opens the store cells' and `--space`'s stores with a log of that many MiB
+//! (`StoreBuilder::log_size`) instead of the store's default.
 //!
 //! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
 //! first open after that crash, for each `Durability`.

@@ -90,7 +90,12 @@ impl Runner<'_> {
             }
             "log-bound" => f(&LogBound::create(dir.path())?),
             "outbox" => {
-                let store = Arc::new(open_store(dir.path(), false, Durability::Immediate)?);
+                let store = Arc::new(open_store(
+                    dir.path(),
+                    false,
+                    Durability::Immediate,
+                    self.args.log_size,
+                )?);
                 f(&OutboxSys {
                     outbox: Outbox::new(store),
                     cell,
@@ -114,7 +119,7 @@ impl Runner<'_> {
                 if prefill {
                     // Complete the replay set with group commit, then reopen with the system's
                     // own settings (replays never reach the committer anyway).
-                    let store = open_store(dir.path(), false, durability)?;
+                    let store = open_store(dir.path(), false, durability, self.args.log_size)?;
                     let set = Arc::clone(&self.set);
                     prefill_store(
                         &store,
@@ -125,7 +130,12 @@ impl Runner<'_> {
                     )?;
                     drop(store);
                 }
-                let store = Arc::new(open_store(dir.path(), nogc, durability)?);
+                let store = Arc::new(open_store(
+                    dir.path(),
+                    nogc,
+                    durability,
+                    self.args.log_size,
+                )?);
                 let sys = StoreSys {
                     store: Arc::clone(&store) as Arc<dyn IdempotencyStore>,
                     redb: Some(store),
@@ -659,6 +669,7 @@ pub(crate) fn main_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
             Value::Array(threads.iter().map(|&t| Value::from(t as u64)).collect()),
         )
         .set("replay_keys", Value::from(args.replay_keys as u64))
+        .set("log_size", opt(args.log_size.map(|b| b as f64)))
         .set("body_bytes", Value::from(BODY_LEN as u64))
         .set("dir", Value::String(base.display().to_string()))
         .set("filesystem", Value::String(fs))

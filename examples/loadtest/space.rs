@@ -23,7 +23,11 @@ pub(crate) fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     ));
     let dir = fresh_dir(&base, "space")?;
     let path = dir.path().join("store.redb");
-    let store = Store::open(&path).map_err(|e| err("open", e))?;
+    let mut builder = Store::builder();
+    if let Some(bytes) = args.log_size {
+        builder.log_size(bytes);
+    }
+    let store = builder.open(&path).map_err(|e| err("open", e))?;
     let took = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
     let rss_open = peak_rss_kib();
     // Where the resident memory is right after the inserts (the peak is VmHWM).
@@ -76,6 +80,7 @@ pub(crate) fn space_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let mut j = obj();
     j.set("mode", Value::String("space".into()))
         .set("records", Value::from(n))
+        .set("log_size", opt(args.log_size.map(|b| b as f64)))
         .set("dir", Value::String(base.display().to_string()))
         .set("filesystem", Value::String(fs))
         .set("machine", machine_json())

@@ -98,11 +98,19 @@ impl Client for StoreClient<'_> {
     }
 }
 
-pub(crate) fn open_store(dir: &Path, nogc: bool, durability: Durability) -> Res<Store> {
+pub(crate) fn open_store(
+    dir: &Path,
+    nogc: bool,
+    durability: Durability,
+    log_size: Option<u64>,
+) -> Res<Store> {
     let mut builder = Store::builder();
     builder.durability(durability).effect_table(LEDGER);
     if nogc {
         builder.max_batch(1);
+    }
+    if let Some(bytes) = log_size {
+        builder.log_size(bytes);
     }
     builder
         .open(dir.join("store.redb"))
