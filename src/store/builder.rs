@@ -157,7 +157,7 @@ impl StoreBuilder {
     /// between them (1024 per MiB of log, up to 16 MiB): more throughput with many threads,
     /// for a larger file and more memory (redb reuses the pages freed since the last merge only
     /// after the next one). With 10^6 records written by 64 threads, against the default 1 MiB:
-    /// an 8 MiB log made 1.16 times the pairs/s and a 16 MiB log 1.19 times, for a file of
+    /// an 8 MiB log made 1.18 times the pairs/s and a 16 MiB log 1.22 times, for a file of
     /// 2.19 and 2.40 times the raw bytes allocated (1.96) and 4.3 times their length while open
     /// (2.13), and a peak RSS of 53 and 67 MiB (36) (BENCHMARKS.md, "A larger log"). A smaller
     /// log means a smaller file, a shorter replay after a crash and less memory. A batch bigger
