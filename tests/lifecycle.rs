@@ -33,6 +33,26 @@ fn acquire(store: &Store, key: &Key, f: Fingerprint) -> Lease {
     }
 }
 
+/// An expiry entry redb already holds, which one overlay generation removes, adds again and
+/// removes again (a key released and claimed again in the same millisecond, so with the same
+/// expiry, then completed later), is removed from redb: only an entry the generation itself
+/// added first may be left out.
+#[test]
+fn a_released_key_claimed_again_and_completed_leaves_no_stale_expiry_entry() -> Result<()> {
+    let (store, clock) = store()?;
+    let key = Key::new("k")?;
+    let first = acquire(&store, &key, fp("a"));
+    // `stats` writes the overlay into redb's tables: the claim's entry is there now.
+    store.stats()?;
+    store.release(&first)?;
+    let second = acquire(&store, &key, fp("a"));
+    clock.advance(Duration::from_millis(1));
+    store.complete(&second, Response::new(201, "done"))?;
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{report:?}");
+    Ok(())
+}
+
 #[test]
 fn fresh_key_is_acquired_with_attempt_one() -> Result<()> {
     let (store, _) = store()?;

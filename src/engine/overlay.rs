@@ -112,9 +112,9 @@ struct Entry {
     /// The key's [`key_hash`], kept so that absorbing the entry into the shared overlay need
     /// not hash the key again.
     hash: u64,
-    /// An index entry that this overlay added and then removed: redb need not hear of it (see
-    /// `set`).
-    void: bool,
+    /// An index entry whose first change in this overlay was an add: removed again, redb need
+    /// not hear of it (see `set`).
+    added: bool,
 }
 
 impl Overlay {
@@ -246,18 +246,17 @@ impl Overlay {
 
     fn set(&mut self, which: Which, key: &[u8], hash: u64, value: Option<Range<usize>>) {
         if let Some(i) = self.position(self.map(which), key, hash) {
-            let entry = &mut self.map_mut(which).entries[i];
-            // A completion removes the entry its claim added, mostly in the same generation:
-            // removing it from redb cost a lookup in the records and one in the index, 8 % of
-            // a 64-thread pair's instructions (`valgrind --tool=callgrind`). If redb held the
-            // entry from before, it stays as a stale entry, which the index allows (an entry
-            // may outlive its record, see `tables`) and sweeps drop.
-            entry.void = matches!(which, Which::Index)
-                && value.is_none()
-                && (entry.void || entry.value.is_some());
-            entry.value = value;
+            self.map_mut(which).entries[i].value = value;
             return;
         }
+        // A completion removes the entry its claim added, mostly in the same generation:
+        // removing it from redb cost a lookup in the records and one in the index, 8 % of a
+        // 64-thread pair's instructions (`valgrind --tool=callgrind`). An entry is added only
+        // when its record's expiry changes to it, so one whose first change here is an add
+        // was in no older layer for this key (redb may hold it for another key filed under
+        // the same hash, which keeps it); removed again, it is left out (see `pairs`). An
+        // entry first removed here must reach redb, whatever follows.
+        let added = matches!(which, Which::Index) && value.is_some();
         let key = self.append(key);
         let map = self.map_mut(which);
         let next = map.heads.insert(hash, map.entries.len());
@@ -266,7 +265,7 @@ impl Overlay {
             value,
             next,
             hash,
-            void: false,
+            added,
         });
     }
 
@@ -286,10 +285,11 @@ impl Overlay {
         }
     }
 
-    /// Each key once, with its value; not the index entries redb need not hear of (see
-    /// `Entry::void`).
+    /// Each key once, with its value; not the index entries redb need not hear of (added and
+    /// removed again, see `Entry::added`).
     fn pairs<'a>(&'a self, map: &'a Map) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> {
-        map.entries.iter().filter(|entry| !entry.void).map(|entry| {
+        let void = |entry: &&Entry| entry.added && entry.value.is_none();
+        map.entries.iter().filter(move |e| !void(e)).map(|entry| {
             (
                 &self.bytes[entry.key.clone()],
                 entry.value.clone().map(|v| &self.bytes[v]),
@@ -628,7 +628,10 @@ mod tests {
         batch.set_index(1, b"a", false);
         // Added by one batch, removed by the next: nothing for redb.
         batch.set_index(2, b"b", true);
-        // Removed without being added here: redb may hold it.
+        // Removed without being added here: redb may hold it, so it stays removed after an
+        // add and another removal.
+        batch.set_index(3, b"c", false);
+        batch.set_index(3, b"c", true);
         batch.set_index(3, b"c", false);
         // Added, removed, added again: added.
         batch.set_index(4, b"d", true);
