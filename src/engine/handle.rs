@@ -147,10 +147,10 @@ const GENERATION_SCALE: u64 = 16;
 /// The overlay's limits for a store whose log is `log_len` bytes: [`OVERLAY_RECORDS`] and
 /// [`OVERLAY_BYTES`] per MiB of log (at least one, at most [`GENERATION_SCALE`]). Larger
 /// generations share more of redb's leaves among their records, so each record costs fewer
-/// page copies and fewer bytes written: at 64 threads a 16 MiB log made 1.26 times the pairs/s
+/// page copies and fewer bytes written: at 64 threads a 16 MiB log made 1.22 times the pairs/s
 /// of the default 1 MiB, for a file 4.3 times its raw bytes while open against 2.1 (redb
 /// reuses the pages unsynced commits free only after a merge) and a higher peak RSS
-/// (BENCHMARKS.md, "A larger log").
+/// (BENCHMARKS.md, "What the flush thread left behind, and a larger log").
 #[derive(Clone, Copy)]
 struct Generation {
     /// The active generation's size at which it is handed to the flush thread.

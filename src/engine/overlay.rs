@@ -649,7 +649,7 @@ mod tests {
                 (3, b"c".to_vec(), false),
                 (4, b"d".to_vec(), true)
             ],
-            "a removal after a void entry is a plain removal again"
+            "a removal after an entry added and removed within a batch is a plain removal"
         );
         // An entry the frozen generation adds, the active one removes: redb hears of both.
         overlay.clear(true);
