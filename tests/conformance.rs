@@ -914,8 +914,11 @@ fn matches_the_reference_model<S: IdempotencyStore>(
         let steps = reference::decode_steps(bytes);
         let clock = ManualClock::new(reference::ts(reference::T0));
         let open = fresh().map_err(|e| TestCaseError::fail(e.to_string()))?;
-        reference::run_steps(&steps, ties, &clock, &|| open(&clock), &|_, _| Ok(()))
-            .map_err(|f| TestCaseError::fail(format!("{f}\nsteps: {steps:?}")))
+        let checks = reference::Checks::EveryStep;
+        reference::run_steps(&steps, ties, checks, &clock, &|| open(&clock), &|_, _| {
+            Ok(())
+        })
+        .map_err(|f| TestCaseError::fail(format!("{f}\nsteps: {steps:?}")))
     };
     for (i, bytes) in MODEL_REGRESSIONS.iter().enumerate() {
         if let Err(err) = case(bytes) {
