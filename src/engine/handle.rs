@@ -156,10 +156,6 @@ struct Generation {
     /// The active generation's size at which it is handed to the flush thread.
     records: usize,
     bytes: usize,
-    /// The size at which a batch writes the overlay itself, because the flush thread is
-    /// still busy with the last one: four generations.
-    limit_records: usize,
-    limit_bytes: usize,
 }
 
 impl Generation {
@@ -168,11 +164,18 @@ impl Generation {
         Generation {
             records: scale * OVERLAY_RECORDS,
             bytes: scale * OVERLAY_BYTES,
-            limit_records: 4 * scale * OVERLAY_RECORDS,
-            limit_bytes: 4 * scale * OVERLAY_BYTES,
         }
     }
+
+    /// Whether the active generation, at `records` and `bytes`, is this many generations full.
+    fn reached(&self, generations: usize, (records, bytes): (usize, usize)) -> bool {
+        records >= generations * self.records || bytes >= generations * self.bytes
+    }
 }
+
+/// How many generations the active one may grow to while the flush thread is still busy with
+/// the last, before a batch writes the overlay itself.
+const OVERLAY_LIMIT: usize = 4;
 
 /// How full the log's half is when a batch may switch halves early, provided the flush thread
 /// is idle. A switch at a full half has to wait for the thread's write in progress to free the
@@ -493,7 +496,8 @@ impl Engine {
             || writer.log.append(&changes, false)?
             || (self.switch_log(writer) && writer.log.append(&changes, false)?)
         {
-            if !self.config.in_memory {
+            // Counted only when an entry was written: never in memory (see above).
+            if !changes.is_empty() {
                 self.stats.log_write();
             }
             writer.logged();
@@ -513,16 +517,15 @@ impl Engine {
     /// not, the generation grows; at four generations the batch writes it itself, so a flush
     /// thread that falls behind bounds the overlay instead of the overlay growing.
     fn hand_over(&self, writer: &mut Writer) -> Result<()> {
-        let (records, bytes) = (self.overlay.len(), self.overlay.bytes());
-        let full = self.generation;
-        if records < full.records && bytes < full.bytes {
+        let size = (self.overlay.len(), self.overlay.bytes());
+        if !self.generation.reached(1, size) {
             return Ok(());
         }
         self.collect_flush(writer, false);
         if self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.overlay.freeze();
             self.flusher.request(self.generation_task(writer));
-        } else if records >= full.limit_records || bytes >= full.limit_bytes {
+        } else if self.generation.reached(OVERLAY_LIMIT, size) {
             self.flush_overlay(writer)?;
         }
         Ok(())
@@ -900,9 +903,10 @@ mod tests {
         assert_eq!(records(1 << 30), 16 * OVERLAY_RECORDS, "at most 16 MiB's");
         let large = Generation::for_log(4 << 20);
         assert_eq!(large.bytes, 4 * OVERLAY_BYTES);
-        assert_eq!(
-            (large.limit_records, large.limit_bytes),
-            (4 * large.records, 4 * large.bytes)
+        assert!(!large.reached(1, (4095, 0)) && large.reached(1, (4096, 0)));
+        assert!(
+            !large.reached(OVERLAY_LIMIT, (16383, 0))
+                && large.reached(OVERLAY_LIMIT, (0, 64 << 20))
         );
     }
 }
