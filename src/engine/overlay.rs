@@ -438,18 +438,17 @@ impl Shared {
     }
 
     /// Runs `write` with every change of the frozen generation, then of the active one if
-    /// `active` (newer changes come later), the records in key order (so that a transaction
-    /// writing them touches each page once).
+    /// `active` (newer changes come later).
     pub(crate) fn with_changes<T>(
         &self,
         active: bool,
         mut write: impl FnMut(&mut Changes<'_>) -> Result<T>,
     ) -> Result<T> {
         let frozen: Vec<_> = self.shards.iter().map(|s| s.frozen.read()).collect();
-        let mut written = write_sorted(&frozen, &mut write)?;
+        let mut written = write_changes(&frozen, &mut write)?;
         if active {
             let shards: Vec<_> = self.shards.iter().map(|s| s.active.read()).collect();
-            written = write_sorted(&shards, &mut write)?;
+            written = write_changes(&shards, &mut write)?;
         }
         Ok(written)
     }
@@ -484,7 +483,7 @@ impl Shared {
     }
 }
 
-fn write_sorted<T, G: std::ops::Deref<Target = Overlay>>(
+fn write_changes<T, G: std::ops::Deref<Target = Overlay>>(
     shards: &[G],
     write: &mut impl FnMut(&mut Changes<'_>) -> Result<T>,
 ) -> Result<T> {
@@ -492,7 +491,6 @@ fn write_sorted<T, G: std::ops::Deref<Target = Overlay>>(
     for shard in shards {
         shard.add_changes(&mut changes);
     }
-    changes.records.sort_unstable_by_key(|&(key, _)| key);
     write(&mut changes)
 }
 
@@ -503,19 +501,24 @@ enum Which {
     Effects,
 }
 
-/// Writes `changes` into redb's tables in `txn`: the records in key order (so that the
-/// transaction touches each page once), and each effect table's rows in one go.
+/// Writes `changes` into redb's tables in `txn`: the records in the order of their keys in
+/// redb (hash first, see `tables`), so that the inserts into one page come one after another,
+/// and each effect table's rows in one go.
 pub(crate) fn write(
     txn: &WriteTransaction,
     changes: &mut Changes<'_>,
     registry: &Registry,
 ) -> Result<()> {
-    changes.records.sort_unstable_by_key(|&(key, _)| key);
+    let mut filed: Vec<_> = changes
+        .records
+        .iter()
+        .map(|&(key, record)| (tables::record_key(key), record))
+        .collect();
+    filed.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
     let mut table = txn.open_table(RECORDS)?;
-    for &(key, record) in &changes.records {
-        let key = tables::record_key(key);
+    for (key, record) in &filed {
         match record {
-            Some(bytes) => drop(table.insert(key.as_slice(), bytes)?),
+            Some(bytes) => drop(table.insert(key.as_slice(), *bytes)?),
             None => drop(table.remove(key.as_slice())?),
         }
     }
@@ -591,6 +594,7 @@ mod tests {
                 Ok(())
             })
             .expect("changes");
+        records.sort();
         assert_eq!(
             records,
             [(b"a".to_vec(), None), (b"b".to_vec(), Some(b"3".to_vec()))]
@@ -698,6 +702,7 @@ mod tests {
                 Ok(())
             })
             .expect("changes");
+        written.sort();
         assert_eq!(
             written,
             [
