@@ -2,80 +2,14 @@
 //! and never a wrong replay.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use idempotency_store::{Claim, Error, Fingerprint, Key, RecordState, Response, Result, Store};
 use redb::ReadableTable;
 
-const RECORDS: redb::TableDefinition<&[u8], &[u8]> =
-    redb::TableDefinition::new("idempotency_records");
-const META: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("idempotency_meta");
-const EXPIRY: redb::TableDefinition<(u64, u64), ()> =
-    redb::TableDefinition::new("idempotency_expiry");
-
-/// The hash a stored key is filed under (the first 8 bytes of its BLAKE3 digest).
-fn key_hash(stored: &[u8]) -> u64 {
-    u64::from_be_bytes(
-        blake3::hash(stored).as_bytes()[..8]
-            .try_into()
-            .expect("8 bytes"),
-    )
-}
-
-/// The records table's key for a stored key: its hash, then the key.
-fn filed(stored: &[u8]) -> Vec<u8> {
-    [&key_hash(stored).to_be_bytes()[..], stored].concat()
-}
-
-/// The redb database inside a closed store file, for tests that damage it on purpose. A store
-/// file is a 4 KiB header, the write-ahead log (its length is in the header at bytes 22..30),
-/// then redb's file.
-fn raw_redb(path: &Path) -> redb::Database {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .expect("open");
-    let mut header = [0u8; 30];
-    file.read_exact_at(&mut header, 0).expect("header");
-    let log_len = u64::from_le_bytes(header[22..30].try_into().expect("8 bytes"));
-    redb::Builder::new()
-        .create_with_backend(Inner {
-            file,
-            start: 4096 + log_len,
-        })
-        .expect("the redb inside the store")
-}
-
-#[derive(Debug)]
-struct Inner {
-    file: std::fs::File,
-    start: u64,
-}
-
-impl redb::StorageBackend for Inner {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.file.metadata()?.len() - self.start)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.file.read_exact_at(out, offset + self.start)
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.file.set_len(len + self.start)
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.file.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(data, offset + self.start)
-    }
-}
+mod raw;
+use raw::{EXPIRY, KEYS, META, RECORDS, key_hash, number_of, raw_redb};
 
 fn fp(i: usize) -> Fingerprint {
     Fingerprint::of([format!("req-{i}")])
@@ -169,7 +103,8 @@ fn a_store_file_holding_other_tables_is_refused() -> Result<()> {
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         for table in [
-            "idempotency_records",
+            "idempotency_records_by_number",
+            "idempotency_keys",
             "idempotency_expiry",
             "idempotency_meta",
         ] {
@@ -222,18 +157,18 @@ fn a_store_of_a_newer_format_is_refused() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 1)?;
     {
-        // 4 is format 3 with kept effect rows waiting (`StoreBuilder::keep_unregistered_effects`).
+        // 6 is format 5 with kept effect rows waiting (`StoreBuilder::keep_unregistered_effects`).
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         txn.open_table(META)
             .expect("meta")
-            .insert("format_version", 5)
+            .insert("format_version", 7)
             .expect("insert");
         txn.commit().expect("commit");
     }
-    let err = Store::open(&path).expect_err("format 5");
+    let err = Store::open(&path).expect_err("format 7");
     assert!(
-        matches!(&err, Error::NotAStore { reason } if reason.contains("version 5")),
+        matches!(&err, Error::NotAStore { reason } if reason.contains("version 7")),
         "{err:?}"
     );
     Ok(())
@@ -249,13 +184,15 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
         let db = raw_redb(&path);
         let txn = db.begin_write().expect("txn");
         {
-            let mut table = txn.open_table(RECORDS).expect("records");
             let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
+            let number = number_of(&db, &stored);
+            let mut table = txn.open_table(RECORDS).expect("records");
             let old = table
-                .get(&filed(&stored)[..])
+                .get(number)
                 .expect("get")
                 .expect("present")
                 .value()
+                .1
                 .to_vec();
             let mut versioned = old[..old.len() - 8].to_vec();
             // A version this build does not know (it writes 3 and reads 2 and 3).
@@ -268,7 +205,7 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
             hasher.finalize_xof().fill(&mut sum);
             versioned.extend_from_slice(&sum);
             table
-                .insert(&filed(&stored)[..], &versioned[..])
+                .insert(number, (&stored[..], &versioned[..]))
                 .expect("insert");
         }
         txn.commit().expect("commit");
@@ -469,5 +406,33 @@ fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
     let report = store.verify()?;
     assert!(report.is_clean(), "{report:?}");
     assert_eq!((report.records, report.expiry_entries), (0, 0));
+    Ok(())
+}
+
+#[test]
+fn verify_reports_a_record_the_key_index_lost_and_an_entry_naming_no_record() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 3)?;
+    {
+        let db = raw_redb(&path);
+        let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
+        let number = number_of(&db, &stored);
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut keys = txn.open_table(KEYS).expect("keys");
+            assert!(keys.remove((key_hash(&stored), number)).expect("remove").is_some());
+            keys.insert((7, 999), ()).expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    let report = Store::open(&path)?.verify()?;
+    // The third: key-0's expiry entry, which no longer reaches its record either.
+    assert_eq!(report.problems.len(), 3, "{report:?}");
+    assert!(
+        report.problems[0].contains("key-0") && report.problems[0].contains("key index"),
+        "{report:?}"
+    );
+    assert!(report.problems[1].contains("record 999"), "{report:?}");
+    assert!(report.problems[2].starts_with("expiry entry"), "{report:?}");
     Ok(())
 }

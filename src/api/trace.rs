@@ -139,6 +139,17 @@ pub(crate) fn batch(ops: usize) {
     let _ = ops;
 }
 
+/// Opening moved a format-3 file's `records` into the tables of format 5.
+pub(crate) fn migrated(records: u64) {
+    #[cfg(feature = "tracing")]
+    tracing::info!(
+        records,
+        "opening moved the records into claim order (store format 5)"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = records;
+}
+
 /// Opening replayed `entries` log entries written after the last merge.
 pub(crate) fn recovered(entries: usize) {
     #[cfg(feature = "tracing")]

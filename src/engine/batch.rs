@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 
-use redb::{ReadableTable, Table, WriteTransaction};
+use redb::WriteTransaction;
 
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
@@ -21,11 +21,9 @@ use crate::engine::effects::{ReadRows, Registry, Row};
 use crate::engine::meta::Usage;
 use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::snapshot::{Snapshot, Snapshots};
-use crate::engine::tables::{self, EXPIRY, ExpiryTable, RECORDS};
+use crate::engine::tables::{self, EXPIRY, ExpiryTable, RecordsMut};
 use crate::engine::wal::Change;
 use crate::error::Error;
-
-pub(crate) type RecordsTable<'a> = Table<'a, &'static [u8], &'static [u8]>;
 
 /// Why an operation failed: on its own (the batch goes on), or for the whole batch. Each site
 /// says which: a storage error may leave the shared transaction half-written, so it fails the
@@ -75,7 +73,7 @@ impl Quota {
 pub(crate) struct Direct<'a> {
     txn: &'a WriteTransaction,
     registry: &'a Registry,
-    pub records: RecordsTable<'a>,
+    pub records: RecordsMut<'a>,
     pub expiry: ExpiryTable<'a>,
     pub quota: Option<Quota>,
 }
@@ -173,7 +171,7 @@ impl<'a> Tables<Direct<'a>> {
         Ok(Self::new(Direct {
             txn,
             registry,
-            records: txn.open_table(RECORDS)?,
+            records: RecordsMut::open(txn)?,
             expiry: txn.open_table(EXPIRY)?,
             quota,
         }))
@@ -225,20 +223,14 @@ impl<'a> Tables<Layered<'a>> {
 
 impl Access for Direct<'_> {
     fn bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
-        let key = tables::record_key(key);
-        Ok(self
-            .records
-            .get(key.as_slice())?
-            .map(|v| v.value().to_vec()))
+        Ok(self.records.get(key)?)
     }
 
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {
-        let key = tables::record_key(key);
-        let old = match record {
-            Some(bytes) => self.records.insert(key.as_slice(), bytes)?,
-            None => self.records.remove(key.as_slice())?,
-        };
-        Ok(old.map(|v| v.value().len()))
+        Ok(match record {
+            Some(bytes) => self.records.put(key, bytes)?,
+            None => self.records.remove(key)?,
+        })
     }
 
     fn set_index(&mut self, expires_at: u64, key: &[u8], present: bool) -> Result<(), Fail> {
@@ -297,13 +289,7 @@ impl Access for Layered<'_> {
             None if absent_at.is_some() && absent_at == Some(Snapshots::epoch(self.snapshot)) => {
                 None
             }
-            None => {
-                let key = tables::record_key(key);
-                self.snapshot
-                    .records
-                    .get(key.as_slice())?
-                    .map(|v| v.value().to_vec())
-            }
+            None => self.snapshot.records.get(key)?,
         };
         self.remember(key, hash, bytes.as_ref().map(Vec::len));
         Ok(bytes)

@@ -22,7 +22,8 @@ use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::kept::Unregistered;
 use crate::engine::meta::{
-    Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN, STORE_FORMAT,
+    Counters, HASHED_FORMATS, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN,
+    STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
@@ -30,7 +31,7 @@ use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
-use crate::engine::tables::{self, EXPIRY, RECORDS};
+use crate::engine::tables::{self, EXPIRY, RecordsRead};
 use crate::engine::wal::{self, Change, Log, LogFile};
 use crate::error::{Error, Result};
 
@@ -314,20 +315,17 @@ impl Engine {
             if let Some(record) = known {
                 return Ok((record?, None));
             }
-            let record_key = tables::record_key(stored);
-            let found = snapshot.records.get(record_key.as_slice())?;
+            let decode = |b: &[u8]| Record::decode(stored, b);
+            let found = snapshot.records.with(stored, decode)?;
             if self.snapshots.current(&snapshot) {
                 let absent_at = found.is_none().then(|| Snapshots::epoch(&snapshot));
-                let record = found.map(|b| Record::decode(stored, b.value()));
-                return Ok((record.transpose()?, absent_at));
+                return Ok((found.transpose()?, absent_at));
             }
             // redb changed under the overlay meanwhile: a snapshot begun after the overlay's
             // answer holds whatever the overlay no longer does.
             let txn = self.db()?.begin_read()?;
-            let table = txn.open_table(RECORDS)?;
-            let bytes = table.get(record_key.as_slice())?;
-            let record = bytes.map(|b| Record::decode(stored, b.value()));
-            Ok((record.transpose()?, None))
+            let found = RecordsRead::open(&txn)?.with(stored, decode)?;
+            Ok((found.transpose()?, None))
         })
     }
 
@@ -832,23 +830,29 @@ fn check_tables(txn: &WriteTransaction) -> Result<u64> {
     let mut meta = txn.open_table(META)?;
     let stored =
         |m: &redb::Table<&str, u64>, k| -> Result<Option<u64>> { Ok(m.get(k)?.map(|v| v.value())) };
-    match stored(&meta, META_FORMAT)? {
+    let hashed = match stored(&meta, META_FORMAT)? {
         None => {
             meta.insert(META_FORMAT, STORE_FORMAT)?;
             meta.insert(META_NEXT_TOKEN, 1)?;
+            false
         }
-        Some(STORE_FORMAT | KEPT_FORMAT) => {}
+        Some(STORE_FORMAT | KEPT_FORMAT) => false,
+        Some(v) if HASHED_FORMATS.contains(&v) => true,
         Some(v) => {
             return Err(Error::NotAStore {
                 reason: format!(
-                    "store format version {v} is not supported (this build reads versions \
-                     {STORE_FORMAT} and {KEPT_FORMAT})"
+                    "store format version {v} is not supported (this build reads versions 3 to \
+                     {KEPT_FORMAT})"
                 ),
             });
         }
+    };
+    // After the format check: another format's tables may have other key types. The open's
+    // merge sets the version, in the transaction that moves the records.
+    let moved = tables::create_or_migrate(txn)?;
+    if hashed {
+        crate::api::trace::migrated(moved);
     }
-    // After the format check: another format's tables may have other key types.
-    txn.open_table(RECORDS)?;
     txn.open_table(EXPIRY)?;
     Ok(stored(&meta, META_LOG_SEQ)?.unwrap_or(0))
 }

@@ -12,12 +12,16 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idempo
 
 pub(crate) const META_FORMAT: &str = "format_version";
 /// The layout of the tables and the record format they hold (each record also carries its own
-/// version byte). 2: records of format 2. 3: records filed under their key's hash, the expiry
-/// index by `(time, hash)` (see `tables`).
-pub(crate) const STORE_FORMAT: u64 = 3;
-/// Format 3 with effect rows waiting in the `kept` table for an open that registers their
-/// table: a build that knows only format 3 would never apply them, so it must refuse the file.
-pub(crate) const KEPT_FORMAT: u64 = 4;
+/// version byte). 3: records filed under their key's hash, the expiry index by `(time, hash)`.
+/// 5: records filed in claim order with a key index (see `tables`); an open moves a format-3
+/// file's records (one transaction, see `tables::create_or_migrate`).
+pub(crate) const STORE_FORMAT: u64 = 5;
+/// [`STORE_FORMAT`] with effect rows waiting in the `kept` table for an open that registers
+/// their table: a build that does not know that table would never apply them, so it must
+/// refuse the file.
+pub(crate) const KEPT_FORMAT: u64 = 6;
+/// Format 3, and format 3 with kept effect rows: read by moving their records.
+pub(crate) const HASHED_FORMATS: [u64; 2] = [3, 4];
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_CLOCK: &str = "clock_high_water_ms";
 pub(crate) const META_RECORDS: &str = "record_count";

@@ -28,7 +28,7 @@ use parking_lot::RwLock;
 use redb::WriteTransaction;
 
 use crate::engine::effects::Registry;
-use crate::engine::tables::{self, EXPIRY, RECORDS};
+use crate::engine::tables::{self, EXPIRY, RecordsMut};
 use crate::error::{Error, Result};
 
 /// A record set (`Some`) or deleted (`None`).
@@ -501,9 +501,10 @@ enum Which {
     Effects,
 }
 
-/// Writes `changes` into redb's tables in `txn`: the records in the order of their keys in
-/// redb (hash first, see `tables`), so that the inserts into one page come one after another,
-/// and each effect table's rows in one go.
+/// Writes `changes` into redb's tables in `txn`: the records in the order of their key hashes,
+/// so that the lookups and inserts into one page of the key index come one after another (new
+/// records append to the records table whatever the order), and each effect table's rows in
+/// one go.
 pub(crate) fn write(
     txn: &WriteTransaction,
     changes: &mut Changes<'_>,
@@ -512,14 +513,14 @@ pub(crate) fn write(
     let mut filed: Vec<_> = changes
         .records
         .iter()
-        .map(|&(key, record)| (tables::record_key(key), record))
+        .map(|&(key, record)| (tables::key_hash(key), key, record))
         .collect();
-    filed.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
-    let mut table = txn.open_table(RECORDS)?;
-    for (key, record) in &filed {
+    filed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let mut records = RecordsMut::open(txn)?;
+    for &(_, key, record) in &filed {
         match record {
-            Some(bytes) => drop(table.insert(key.as_slice(), *bytes)?),
-            None => drop(table.remove(key.as_slice())?),
+            Some(bytes) => drop(records.put(key, bytes)?),
+            None => drop(records.remove(key)?),
         }
     }
     let mut expiry = txn.open_table(EXPIRY)?;
@@ -527,7 +528,7 @@ pub(crate) fn write(
         if present {
             tables::index(&mut expiry, expires_at, key)?;
         } else {
-            tables::unindex(&mut expiry, &table, expires_at, key)?;
+            tables::unindex(&mut expiry, &records, expires_at, key)?;
         }
     }
     write_effects(txn, &mut changes.effects, registry)

@@ -5,8 +5,8 @@ use redb::ReadableTable;
 
 use crate::api::clock::Timestamp;
 use crate::api::record::{Record, State};
-use crate::engine::batch::{Direct, Fail, Quota, RecordsTable, Tables};
-use crate::engine::tables;
+use crate::engine::batch::{Direct, Fail, Quota, Tables};
+use crate::engine::tables::RecordsMut;
 
 /// How many expired records a claim that finds the store full deletes before giving up.
 const ROOM_SWEEP: usize = 64;
@@ -124,22 +124,18 @@ impl Tables<Direct<'_>> {
 /// The records the index entry `(expires_at, hash)` stands for, by stored key: those under
 /// the hash that expire then, and those that do not decode. None: the entry is stale.
 fn owners(
-    records: &RecordsTable<'_>,
+    records: &RecordsMut<'_>,
     expires_at: u64,
     hash: u64,
 ) -> Result<Vec<(Vec<u8>, Owner)>, Fail> {
     let mut found = Vec::new();
-    for (key, bytes) in tables::under_hash(records, hash)? {
-        // A key under another key's hash is damage no lookup reaches; `verify` reports it.
-        let Some(stored) = tables::stored_key(&key) else {
-            continue;
-        };
-        match Record::decode(stored, &bytes) {
+    for (stored, bytes) in records.under_hash(hash)? {
+        match Record::decode(&stored, &bytes) {
             Ok(record) if record.expires_at == expires_at => {
-                found.push((stored.to_vec(), Owner::Record(record)));
+                found.push((stored, Owner::Record(record)));
             }
             Ok(_) => {}
-            Err(_) => found.push((stored.to_vec(), Owner::Damaged)),
+            Err(_) => found.push((stored, Owner::Damaged)),
         }
     }
     Ok(found)

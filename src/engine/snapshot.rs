@@ -25,15 +25,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase};
+use redb::{Database, ReadTransaction, ReadableDatabase};
 
-use crate::engine::tables::RECORDS;
+use crate::engine::tables::RecordsRead;
 use crate::error::Result;
 
 /// redb's tables as of one commit.
 pub(crate) struct Snapshot {
     pub txn: ReadTransaction,
-    pub records: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    pub records: RecordsRead,
     /// The counter when the snapshot was begun; odd if a change was under way.
     epoch: u64,
 }
@@ -58,7 +58,7 @@ impl Snapshots {
             return Ok(Arc::clone(snapshot));
         }
         let txn = db.begin_read()?;
-        let records = txn.open_table(RECORDS)?;
+        let records = RecordsRead::open(&txn)?;
         let snapshot = Arc::new(Snapshot {
             txn,
             records,
@@ -116,15 +116,16 @@ impl Snapshots {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::engine::tables::RecordsMut;
     use redb::backends::InMemoryBackend;
 
-    /// A database in memory with an empty records table.
+    /// A database in memory with empty records tables.
     pub(crate) fn db() -> Database {
         let db = Database::builder()
             .create_with_backend(InMemoryBackend::new())
             .expect("db");
         let txn = db.begin_write().expect("write");
-        txn.open_table(RECORDS).expect("table");
+        RecordsMut::open(&txn).expect("tables");
         txn.commit().expect("commit");
         db
     }
@@ -183,14 +184,14 @@ pub(crate) mod tests {
         let before = snapshots.get(&db).expect("snapshot");
         snapshots.change(|| {
             let txn = db.begin_write().expect("write");
-            txn.open_table(RECORDS)
-                .expect("table")
-                .insert(&b"k"[..], &b"v"[..])
-                .expect("insert");
+            RecordsMut::open(&txn)
+                .expect("tables")
+                .put(b"k", b"v")
+                .expect("put");
             txn.commit().expect("commit");
         });
         assert!(!snapshots.current(&before));
         let after = snapshots.get(&db).expect("snapshot");
-        assert!(after.records.get(&b"k"[..]).expect("get").is_some());
+        assert!(after.records.get(b"k").expect("get").is_some());
     }
 }

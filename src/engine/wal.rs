@@ -26,7 +26,7 @@ use crate::engine::kept::{self, Unregistered};
 use crate::engine::layout::{Region, Storage};
 use crate::engine::meta::{Counter, META};
 use crate::engine::poison::{Io, Poison};
-use crate::engine::tables::{self, EXPIRY, RECORDS};
+use crate::engine::tables::{self, EXPIRY, RecordsMut};
 use crate::error::{Error, Result};
 
 const ENTRY_HEADER: u64 = 20;
@@ -542,16 +542,13 @@ pub(crate) fn redo(
     unregistered: Unregistered,
 ) -> Result<bool> {
     let mut effects = kept::Redo::start(txn, registry, unregistered)?;
-    let mut records = txn.open_table(RECORDS)?;
+    let mut records = RecordsMut::open(txn)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     let mut meta = txn.open_table(META)?;
     for change in entries.into_iter().flatten() {
         match change {
-            Change::Put { key, record } => {
-                let key = tables::record_key(&key);
-                drop(records.insert(key.as_slice(), record.as_slice())?);
-            }
-            Change::Delete { key } => drop(records.remove(tables::record_key(&key).as_slice())?),
+            Change::Put { key, record } => drop(records.put(&key, &record)?),
+            Change::Delete { key } => drop(records.remove(&key)?),
             Change::Index { expires_at, key } => tables::index(&mut expiry, expires_at, &key)?,
             Change::Unindex { expires_at, key } => {
                 tables::unindex(&mut expiry, &records, expires_at, &key)?;

@@ -12,14 +12,15 @@ use crate::api::records::Records;
 use crate::api::report::StoredRecord;
 use crate::engine::contain::contain;
 use crate::engine::ops::ForceReleaseKey;
-use crate::engine::tables::{self, RECORDS};
+use crate::engine::tables::{Entry, RECORDS};
 use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// The redb walk behind [`IdempotencyStore::records`](crate::IdempotencyStore::records): every
-/// record in storage order, from one read snapshot (writers go on meanwhile and are not seen).
+/// record in storage order (the order in which keys first got a record), from one read
+/// snapshot (writers go on meanwhile and are not seen).
 struct Walk<'store> {
-    range: Option<redb::Range<'static, &'static [u8], &'static [u8]>>,
+    range: Option<redb::Range<'static, u64, Entry>>,
     _store: PhantomData<&'store Store>,
 }
 
@@ -30,7 +31,10 @@ impl Iterator for Walk<'_> {
         let range = self.range.as_mut()?;
         let step = contain("listing records", || match range.next() {
             None => Ok(None),
-            Some(Ok((key, value))) => Ok(Some(stored_record(key.value(), value.value()))),
+            Some(Ok((_, entry))) => {
+                let (key, value) = entry.value();
+                Ok(Some(stored_record(key, value)))
+            }
             Some(Err(err)) => Err(err.into()),
         });
         match step {
@@ -52,7 +56,7 @@ pub(super) fn records(store: &Store) -> Result<Records<'_>> {
     let range = contain("listing records", || {
         let (txn, _) = store.engine.snapshot()?;
         let table = txn.open_table(RECORDS)?;
-        Ok(table.range::<&[u8]>(..)?)
+        Ok(table.range::<u64>(..)?)
     })?;
     Ok(Records::new(Walk {
         range: Some(range),
@@ -75,12 +79,6 @@ pub(super) fn force_release(store: &Store, key: &Key) -> Result<ForceRelease> {
 
 /// Decodes one stored entry; a damaged one becomes an error naming its key.
 fn stored_record(key: &[u8], value: &[u8]) -> Result<StoredRecord> {
-    let Some(key) = tables::stored_key(key) else {
-        return Err(Error::corrupted(format!(
-            "a record is filed under a key ({:?}) whose hash prefix does not match it",
-            String::from_utf8_lossy(key)
-        )));
-    };
     let name = |bytes: &[u8]| match Key::from_stored(bytes) {
         Ok(key) => format!("{:?}", key.to_string()),
         Err(_) => format!("{:?}", String::from_utf8_lossy(bytes)),

@@ -7,14 +7,15 @@ use crate::api::outcome::RecordState;
 use crate::api::record::{Record, State};
 use crate::api::report::{Stats, VerifyReport};
 use crate::engine::contain::contain;
-use crate::engine::tables::{self, EXPIRY, RECORDS};
-use crate::error::{Error, Result};
+use crate::engine::tables::{self, EXPIRY, RECORDS, RecordsRead};
+use crate::error::Result;
 use crate::store::Store;
 
 impl Store {
-    /// Walks both tables and checks the invariants: every record decodes and has a valid key,
-    /// has exactly one expiry entry at its `expires_at`, and holds a token below the token
-    /// counter; every expiry entry belongs to a record. Takes a read snapshot; writers go on.
+    /// Walks the tables and checks the invariants: every record decodes, has a valid key, its
+    /// entry in the key index and exactly one expiry entry at its `expires_at`, and holds a
+    /// token below the token counter; every key-index entry names a record with its hash, and
+    /// every expiry entry belongs to a record. Takes a read snapshot; writers go on.
     ///
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) if the file cannot be read. Damaged records
@@ -27,24 +28,28 @@ impl Store {
         // The counters live in memory between merges and the latest changes in the
         // overlay; under the writer lock, the flushed tables and the counters agree exactly.
         let (txn, counters) = self.engine.snapshot()?;
-        let records = txn.open_table(RECORDS)?;
+        let records = RecordsRead::open(&txn)?;
         let expiry = txn.open_table(EXPIRY)?;
         let next_token = counters.next_token;
         let counted = (counters.usage.records, counters.usage.bytes);
         let mut actual = (0u64, 0u64);
         let mut report = VerifyReport::default();
-        for entry in records.iter()? {
-            let (filed, value) = entry?;
+        for entry in records.records().iter()? {
+            let (number, entry) = entry?;
+            let (number, (key, value)) = (number.value(), entry.value());
             report.records += 1;
-            let Some(key) = tables::stored_key(filed.value()) else {
-                report.problems.push(format!(
-                    "record {:?} is filed under a hash that is not its key's",
-                    String::from_utf8_lossy(filed.value())
-                ));
-                continue;
-            };
             actual.0 += 1;
-            actual.1 += (key.len() + value.value().len()) as u64;
+            actual.1 += (key.len() + value.len()) as u64;
+            if records
+                .keys()
+                .get((tables::key_hash(key), number))?
+                .is_none()
+            {
+                report.problems.push(format!(
+                    "record {number} ({:?}) has no entry in the key index",
+                    String::from_utf8_lossy(key)
+                ));
+            }
             let name = match Key::from_stored(key) {
                 Ok(parsed) => parsed.to_string(),
                 Err(e) => {
@@ -53,7 +58,7 @@ impl Store {
                     name
                 }
             };
-            let record = match Record::decode(key, value.value()) {
+            let record = match Record::decode(key, value) {
                 Ok(record) => record,
                 Err(e) => {
                     report.problems.push(format!("record {name:?}: {e}"));
@@ -82,17 +87,14 @@ impl Store {
                 "usage counters say {counted:?} (records, bytes) but the table holds {actual:?}"
             ));
         }
+        check_key_index(&records, &mut report)?;
         for entry in expiry.iter()? {
             let (expires_at, hash) = entry?.0.value();
             report.expiry_entries += 1;
             // An undecodable owner was reported by the record walk already.
-            let matches = tables::under_hash(&records, hash)?
-                .iter()
-                .any(|(filed, value)| {
-                    tables::stored_key(filed).is_some_and(|key| {
-                        Record::decode(key, value).map_or(true, |r| r.expires_at == expires_at)
-                    })
-                });
+            let matches = records.under_hash(hash)?.iter().any(|(key, value)| {
+                Record::decode(key, value).map_or(true, |r| r.expires_at == expires_at)
+            });
             if !matches {
                 report.problems.push(format!(
                     "expiry entry ({expires_at}, key hash {hash:016x}) has no record expiring \
@@ -124,11 +126,9 @@ impl Store {
             ..Stats::default()
         };
         for entry in records.iter()? {
-            let (filed, value) = entry?;
-            let key = tables::stored_key(filed.value()).ok_or_else(|| {
-                Error::corrupted("a record is filed under a hash that is not its key's")
-            })?;
-            let record = Record::decode(key, value.value())?;
+            let (_, entry) = entry?;
+            let (key, value) = entry.value();
+            let record = Record::decode(key, value)?;
             if record.is_expired(now) {
                 stats.expired += 1;
                 continue;
@@ -144,4 +144,19 @@ impl Store {
         }
         Ok(stats)
     }
+}
+
+/// Reports key-index entries that name no record, or a record whose key has another hash.
+fn check_key_index(records: &RecordsRead, report: &mut VerifyReport) -> Result<()> {
+    for entry in records.keys().iter()? {
+        let (hash, number) = entry?.0.value();
+        let filed = records.records().get(number)?;
+        if filed.is_none_or(|e| tables::key_hash(e.value().0) != hash) {
+            report.problems.push(format!(
+                "key index entry (hash {hash:016x}, record {number}) names no record with that \
+                 hash"
+            ));
+        }
+    }
+    Ok(())
 }
