@@ -420,7 +420,11 @@ fn verify_reports_a_record_the_key_index_lost_and_an_entry_naming_no_record() ->
         let txn = db.begin_write().expect("txn");
         {
             let mut keys = txn.open_table(KEYS).expect("keys");
-            assert!(keys.remove((key_hash(&stored), number)).expect("remove").is_some());
+            assert!(
+                keys.remove((key_hash(&stored), number))
+                    .expect("remove")
+                    .is_some()
+            );
             keys.insert((7, 999), ()).expect("insert");
         }
         txn.commit().expect("commit");

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::ops::Range;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 use redb::WriteTransaction;
@@ -304,6 +305,12 @@ impl Overlay {
 #[derive(Debug)]
 pub(crate) struct Shared {
     shards: Box<[Shard]>,
+    /// The active generation's records and bytes, so that a batch learns whether it is full
+    /// without taking every shard's lock (two rounds of 16 contended read locks cost a batch
+    /// of a store in memory 2.4 % of a POST's CPU). Changed, like the active generation, only
+    /// under the writer lock.
+    active_len: AtomicUsize,
+    active_bytes: AtomicUsize,
     /// The effect tables, whose positions the effect rows' keys start with.
     registry: std::sync::Arc<Registry>,
 }
@@ -332,6 +339,8 @@ impl Shared {
     pub(crate) fn new(registry: std::sync::Arc<Registry>) -> Self {
         Shared {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            active_len: AtomicUsize::new(0),
+            active_bytes: AtomicUsize::new(0),
             registry,
         }
     }
@@ -391,27 +400,38 @@ impl Shared {
     /// records, then its index entries, then its effect rows, each under the hash the batch
     /// filed it by (an index entry's shard is that of the entry, not of its record's key).
     pub(crate) fn absorb(&self, batch: &Overlay) {
+        let (mut len, mut bytes) = (0, 0);
         for which in [Which::Records, Which::Index, Which::Effects] {
             for entry in &batch.map(which).entries {
                 let key = &batch.bytes[entry.key.clone()];
                 let mut active = self.shard(entry.hash).active.write();
+                let before = (active.len(), active.bytes());
                 let value = entry
                     .value
                     .as_ref()
                     .map(|v| active.append(&batch.bytes[v.clone()]));
                 active.set(which, key, entry.hash, value);
+                len += active.len().saturating_sub(before.0);
+                bytes += active.bytes().saturating_sub(before.1);
             }
         }
+        self.active_len.fetch_add(len, Ordering::Relaxed);
+        self.active_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// How many records the active generation holds.
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.active.read().len()).sum()
+        self.active_len.load(Ordering::Relaxed)
     }
 
     /// The bytes of keys and records the active generation holds.
     pub(crate) fn bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.active.read().bytes()).sum()
+        self.active_bytes.load(Ordering::Relaxed)
+    }
+
+    fn active_emptied(&self) {
+        self.active_len.store(0, Ordering::Relaxed);
+        self.active_bytes.store(0, Ordering::Relaxed);
     }
 
     /// How many records, and bytes, both generations hold.
@@ -435,6 +455,7 @@ impl Shared {
             debug_assert!(frozen.is_empty(), "froze over a generation not yet written");
             std::mem::swap(&mut *active, &mut *frozen);
         }
+        self.active_emptied();
     }
 
     /// Runs `write` with every change of the frozen generation, then of the active one if
@@ -471,6 +492,9 @@ impl Shared {
                 shard.active.write().clear();
             }
             shard.frozen.write().clear();
+        }
+        if active {
+            self.active_emptied();
         }
     }
 
@@ -670,6 +694,34 @@ mod tests {
             index_changes(&overlay, true),
             [(5, b"e".to_vec(), false), (5, b"e".to_vec(), true)]
         );
+    }
+
+    #[test]
+    fn the_active_generations_size_is_what_its_shards_hold() {
+        let overlay = Shared::default();
+        let counted = |overlay: &Shared| {
+            let shards = overlay.shards.iter().map(|s| s.active.read());
+            shards.fold((0, 0), |(l, b), a| (l + a.len(), b + a.bytes()))
+        };
+        for round in 0..3u8 {
+            let mut batch = Overlay::default();
+            for i in 0..40u8 {
+                batch.set_record(&[round, i], Some(&[i; 9]));
+                batch.set_record(&[0, i], (i % 3 != 0).then_some(&b"again"[..]));
+                batch.set_index(u64::from(i), &[round, i], true);
+            }
+            overlay.absorb(&batch);
+            assert_eq!((overlay.len(), overlay.bytes()), counted(&overlay));
+        }
+        assert_ne!(overlay.len(), 0);
+        overlay.freeze();
+        assert_eq!((overlay.len(), overlay.bytes()), (0, 0));
+        let mut batch = Overlay::default();
+        batch.set_record(b"x", Some(b"1"));
+        overlay.absorb(&batch);
+        assert_eq!((overlay.len(), overlay.bytes()), counted(&overlay));
+        overlay.clear(true);
+        assert_eq!((overlay.len(), overlay.bytes()), (0, 0));
     }
 
     #[test]
