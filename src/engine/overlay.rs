@@ -525,19 +525,30 @@ enum Which {
     Effects,
 }
 
-/// Writes `changes` into redb's tables in `txn`: the records in the order of their key hashes,
-/// so that the lookups and inserts into one page of the key index come one after another (new
-/// records append to the records table whatever the order), and each effect table's rows in
-/// one go.
+/// Writes `changes` into redb's tables in `txn`, and each effect table's rows in one go. The
+/// records go in the order of their expiry entries, `(expires_at, key hash)`, which is the order
+/// in which sweeps delete them: new records are numbered in that order, so that a sweep's
+/// deletions come one after another in the records table instead of scattering over the pages
+/// a merge appended. Records with no new expiry entry (deletions, and records whose expiry did
+/// not move) go last.
 pub(crate) fn write(
     txn: &WriteTransaction,
     changes: &mut Changes<'_>,
     registry: &Registry,
 ) -> Result<()> {
+    let expiring: HashMap<&[u8], u64> = changes
+        .index
+        .iter()
+        .filter(|&&(_, _, present)| present)
+        .map(|&(expires_at, key, _)| (key, expires_at))
+        .collect();
     let mut filed: Vec<_> = changes
         .records
         .iter()
-        .map(|&(key, record)| (tables::key_hash(key), key, record))
+        .map(|&(key, record)| {
+            let expires_at = expiring.get(key).copied().unwrap_or(u64::MAX);
+            ((expires_at, tables::key_hash(key)), key, record)
+        })
         .collect();
     filed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let mut records = RecordsMut::open(txn)?;
@@ -587,6 +598,29 @@ fn write_effects(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_merge_numbers_new_records_in_the_order_of_their_expiry() -> Result<()> {
+        use crate::engine::snapshot::tests::db;
+        use crate::engine::tables::RECORDS;
+        use redb::ReadableTable;
+        let db = db();
+        let mut batch = Overlay::default();
+        for (key, expires_at) in [(b"\0a", 10), (b"\0b", 30), (b"\0c", 20)] {
+            batch.set_record(key, Some(key));
+            batch.set_index(expires_at, key, true);
+        }
+        batch.set_record(b"\0d", Some(b"no expiry entry of its own"));
+        let txn = db.begin_write()?;
+        write(&txn, &mut batch.changes(), &Registry::default())?;
+        let records = txn.open_table(RECORDS)?;
+        let order: Vec<Vec<u8>> = records
+            .iter()?
+            .map(|e| e.map(|(_, v)| v.value().0.to_vec()))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(order, [&b"\0a"[..], b"\0c", b"\0b", b"\0d"]);
+        Ok(())
+    }
 
     #[test]
     fn newer_changes_win_and_deletions_are_remembered() {
