@@ -29,6 +29,8 @@ pub(crate) struct Args {
     pub(crate) prefill_threads: usize,
     /// `--sweep` with this: the sweeper loops `sweep(N)` instead of calling `sweep_all()`.
     pub(crate) sweep_batch: Option<usize>,
+    /// `--sweep-spread`: the prefill's clock runs (see the flag).
+    pub(crate) sweep_spread: bool,
     /// `--recovery-child` only: the store file and its durability.
     pub(crate) child: Option<(PathBuf, Durability)>,
     /// `--log-size`: the store's log in bytes (`StoreBuilder::log_size`); `None`, its default.
@@ -74,6 +76,11 @@ pub(crate) struct Cli {
     /// With --sweep: loop `sweep(N)` instead of calling `sweep_all()`.
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     pub(crate) sweep_batch: Option<usize>,
+    /// With --sweep: the prefill's clock moves 1 ms every 32 records, as a real one would at
+    /// 32,000 pairs/s, so that expiries spread over time instead of all falling in one
+    /// millisecond (which makes the sweep's order the key hashes').
+    #[arg(long)]
+    pub(crate) sweep_spread: bool,
     /// The store's log size in MiB, for the store cells and --space (default: the store's).
     #[arg(long, value_name = "MIB", value_parser = number::<u64>)]
     pub(crate) log_size: Option<u64>,
@@ -159,6 +166,7 @@ pub(crate) fn parse_args() -> Args {
         replay_keys: cli.replay_keys,
         prefill_threads: cli.prefill_threads,
         sweep_batch: cli.sweep_batch,
+        sweep_spread: cli.sweep_spread,
         child,
         log_size: cli.log_size.map(|mib| mib << 20),
         recorder: cli.recorder,

@@ -11,7 +11,7 @@
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
 //!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N] [--recorder] [--log-size MIB]
 //! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
-//!     [--sweep-batch N]
+//!     [--sweep-batch N] [--sweep-spread]
 //! cargo run --release --example loadtest -- --space [--records N] [--dir PATH] [--log-size MIB]
 //! cargo run --release --example loadtest -- --recovery [--records N] [--dir PATH]
 //! ```

@@ -70,7 +70,13 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
         .retention(retention)
         .open(dir.path().join("store.redb"))
         .map_err(|e| err("open", e))?;
-    let prefill = prefill_store(&store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
+    let name = |i| {
+        if args.sweep_spread && i % 32 == 0 {
+            clock.advance(Duration::from_millis(1));
+        }
+        key_name(1, i)
+    };
+    let prefill = prefill_store(&store, n, args.prefill_threads, &name, out)?;
     out.line(format!(
         "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
         prefill.as_secs_f64(),
@@ -170,6 +176,7 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
             args.sweep_batch
                 .map_or(Value::String("sweep_all".into()), |b| Value::from(b as u64)),
         )
+        .set("sweep_spread", Value::Bool(args.sweep_spread))
         .set("p99_ratio", opt(p99_ratio))
         .set("p99_ratio_max", num(3.0))
         .set("pass", p99_ratio.map_or(Value::Null, |_| Value::Bool(pass)));
