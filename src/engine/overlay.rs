@@ -254,7 +254,7 @@ impl Overlay {
         // removing it from redb cost a lookup in the records and one in the index, 8 % of a
         // 64-thread pair's instructions (`valgrind --tool=callgrind`). An entry is added only
         // when its record's expiry changes to it, so one whose first change here is an add
-        // was in no older layer for this key (redb may hold it for another key filed under
+        // was in no older layer for this key (redb may hold it for another key with
         // the same hash, which keeps it); removed again, it is left out (see `pairs`). An
         // entry first removed here must reach redb, whatever follows.
         let added = matches!(which, Which::Index) && value.is_some();

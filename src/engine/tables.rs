@@ -46,7 +46,8 @@ pub(crate) type ExpiryTable<'a> = Table<'a, (u64, u64), ()>;
 
 const PREFIX: usize = 8;
 
-/// The hash a stored key is filed under: the first 8 bytes of its BLAKE3 digest, big-endian.
+/// A stored key's hash in the key index and the expiry index: the first 8 bytes of its BLAKE3
+/// digest, big-endian.
 pub(crate) fn key_hash(stored: &[u8]) -> u64 {
     let digest = blake3::hash(stored);
     let mut first = [0u8; PREFIX];

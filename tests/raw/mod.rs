@@ -20,7 +20,7 @@ pub const EXPIRY: TableDefinition<(u64, u64), ()> = TableDefinition::new("idempo
 /// Formats 3 and 4: key hash (8 bytes, big-endian) + stored key → record bytes.
 pub const HASHED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_records");
 
-/// The hash a stored key is filed under (the first 8 bytes of its BLAKE3 digest).
+/// A stored key's hash in the key index (the first 8 bytes of its BLAKE3 digest).
 pub fn key_hash(stored: &[u8]) -> u64 {
     u64::from_be_bytes(
         blake3::hash(stored).as_bytes()[..8]
