@@ -192,8 +192,8 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
                 .expect("get")
                 .expect("present")
                 .value()
-                .1
                 .to_vec();
+            let old = raw::split(&old).1.to_vec();
             let mut versioned = old[..old.len() - 8].to_vec();
             // A version this build does not know (it writes 3 and reads 2 and 3).
             versioned[0] = 9;
@@ -205,7 +205,7 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
             hasher.finalize_xof().fill(&mut sum);
             versioned.extend_from_slice(&sum);
             table
-                .insert(number, (&stored[..], &versioned[..]))
+                .insert(number, &raw::entry(&stored, &versioned)[..])
                 .expect("insert");
         }
         txn.commit().expect("commit");
@@ -438,5 +438,43 @@ fn verify_reports_a_record_the_key_index_lost_and_an_entry_naming_no_record() ->
     );
     assert!(report.problems[1].contains("record 999"), "{report:?}");
     assert!(report.problems[2].starts_with("expiry entry"), "{report:?}");
+    Ok(())
+}
+
+#[test]
+fn a_record_value_with_a_damaged_key_length_is_an_error_and_the_store_goes_on() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = pristine(dir.path(), 3)?;
+    {
+        let db = raw_redb(&path);
+        let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
+        let number = number_of(&db, &stored);
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(RECORDS)
+            .expect("records")
+            .insert(number, &[0xff, 0xff, 0, b'k'][..])
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let store = Store::open(&path)?;
+    let err = store
+        .claim(&Key::new("key-0")?, fp(0))
+        .expect_err("damaged");
+    assert!(
+        matches!(&err, Error::Corrupted { reason } if reason.contains("length")),
+        "{err:?}"
+    );
+    let report = store.verify()?;
+    assert!(
+        report.problems.iter().any(|p| p.contains("length")),
+        "{report:?}"
+    );
+    assert!(
+        matches!(store.claim(&Key::new("key-1")?, fp(1))?, Claim::Completed(r) if r.response == response(1))
+    );
+    assert!(matches!(
+        store.claim(&Key::new("fresh")?, fp(9))?,
+        Claim::Acquired(_)
+    ));
     Ok(())
 }

@@ -12,7 +12,7 @@ use idempotency_store::{
 };
 
 mod raw;
-use raw::{downgrade_to_format_3, format_version};
+use raw::{add_misfiled_format_3_record, downgrade_to_format_3, format_version};
 
 fn fp(i: usize) -> Fingerprint {
     Fingerprint::of([format!("req-{i}")])
@@ -85,6 +85,17 @@ fn a_format_3_file_opens_with_every_record_and_is_format_5_after() -> Result<()>
     check(&store, 300, 302)?;
     let last = store.records()?.last().expect("a record")?;
     assert_eq!(last.key, key(1000), "the newest key is filed last");
+    Ok(())
+}
+
+#[test]
+fn a_format_3_record_under_a_wrong_hash_is_left_out_with_its_counts() -> Result<()> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = format_3_file(dir.path(), 20)?;
+    add_misfiled_format_3_record(&path);
+    let store = Store::open(&path)?;
+    // `verify` would report a usage counter that still counted the record.
+    check(&store, 20, 21)?;
     Ok(())
 }
 

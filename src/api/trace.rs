@@ -139,15 +139,22 @@ pub(crate) fn batch(ops: usize) {
     let _ = ops;
 }
 
-/// Opening moved a format-3 file's `records` into the tables of format 5.
-pub(crate) fn migrated(records: u64) {
+/// Opening moved a format-3 file's `records` into the tables of format 5, and left out
+/// `dropped` records filed under a hash that was not their key's (no lookup reached them).
+pub(crate) fn migrated(records: u64, dropped: u64) {
     #[cfg(feature = "tracing")]
-    tracing::info!(
-        records,
-        "opening moved the records into claim order (store format 5)"
-    );
+    if dropped == 0 {
+        tracing::info!(records, "opening moved the records to store format 5");
+    } else {
+        tracing::warn!(
+            records,
+            dropped,
+            "opening moved the records to store format 5 and left out records filed under a \
+             hash that was not their key's (the earlier release's `verify` reported them)"
+        );
+    }
     #[cfg(not(feature = "tracing"))]
-    let _ = records;
+    let _ = (records, dropped);
 }
 
 /// Opening replayed `entries` log entries written after the last merge.

@@ -22,8 +22,8 @@ use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::kept::Unregistered;
 use crate::engine::meta::{
-    Counters, HASHED_FORMATS, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, META_NEXT_TOKEN,
-    STORE_FORMAT,
+    Counters, HASHED_FORMATS, KEPT_FORMAT, META, META_BYTES, META_FORMAT, META_LOG_SEQ,
+    META_NEXT_TOKEN, META_RECORDS, STORE_FORMAT,
 };
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
@@ -849,9 +849,16 @@ fn check_tables(txn: &WriteTransaction) -> Result<u64> {
     };
     // After the format check: another format's tables may have other key types. The open's
     // merge sets the version, in the transaction that moves the records.
-    let moved = tables::create_or_migrate(txn)?;
+    let moved = tables::create_or_migrate(txn, hashed)?;
     if hashed {
-        crate::api::trace::migrated(moved);
+        crate::api::trace::migrated(moved.records, moved.dropped);
+        for (counter, less) in [
+            (META_RECORDS, moved.dropped),
+            (META_BYTES, moved.dropped_bytes),
+        ] {
+            let now = stored(&meta, counter)?.unwrap_or(0);
+            meta.insert(counter, now.saturating_sub(less))?;
+        }
     }
     txn.open_table(EXPIRY)?;
     Ok(stored(&meta, META_LOG_SEQ)?.unwrap_or(0))

@@ -616,8 +616,11 @@ mod tests {
         let records = txn.open_table(RECORDS)?;
         let order: Vec<Vec<u8>> = records
             .iter()?
-            .map(|e| e.map(|(_, v)| v.value().0.to_vec()))
-            .collect::<Result<_, _>>()?;
+            .map(|e| {
+                let (number, value) = e?;
+                Ok(tables::split(number.value(), value.value())?.0.to_vec())
+            })
+            .collect::<Result<_>>()?;
         assert_eq!(order, [&b"\0a"[..], b"\0c", b"\0b", b"\0d"]);
         Ok(())
     }

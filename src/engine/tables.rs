@@ -7,8 +7,9 @@
 //! landing on a leaf of their own: filed under their hash (format 3), each fresh record cost
 //! its merge a 4 KiB leaf copied, checksummed and written, and the index's 16-byte entries
 //! share a leaf among hundreds (BENCHMARKS.md, "Records in claim order"). A record keeps its
-//! number while it lives; a deleted record's number is not handed out again, except the
-//! highest one, by the next transaction that files a record (no index entry names it then).
+//! number while it lives; a deleted record's number is not handed out again, unless no record
+//! with a higher number is left when a transaction next files one (no index entry names it
+//! then).
 //!
 //! The expiry index holds `(expires_at, hash)`: 16 fixed-width bytes an entry instead of the
 //! time and the whole key. It is written in time order, so redb's splits leave its pages half
@@ -25,12 +26,14 @@ use redb::{
     TableDefinition, TableError, TableHandle, WriteTransaction,
 };
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-/// A records-table value: the stored key and the versioned record bytes.
-pub(crate) type Entry = (&'static [u8], &'static [u8]);
+/// A records-table value: the stored key's length (`u16`, big-endian), the stored key and the
+/// versioned record bytes. Plain bytes rather than a redb tuple, whose decoding trusts its
+/// length prefix: a damaged one would panic inside redb instead of failing with an error.
+pub(crate) type Entry = &'static [u8];
 
-/// Sequence number → (stored key, record bytes).
+/// Sequence number → stored key and record bytes (see [`Entry`]).
 pub(crate) const RECORDS: TableDefinition<u64, Entry> =
     TableDefinition::new("idempotency_records_by_number");
 /// `(key hash, sequence number)` → `()`: how a key finds its record.
@@ -53,6 +56,30 @@ pub(crate) fn key_hash(stored: &[u8]) -> u64 {
     let mut first = [0u8; PREFIX];
     first.copy_from_slice(&digest.as_bytes()[..PREFIX]);
     u64::from_be_bytes(first)
+}
+
+/// The records-table value of `stored`'s record `bytes`. A stored key is at most 511 bytes
+/// (`Key`), so its length fits.
+fn entry(stored: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(stored.len()).unwrap_or(u16::MAX);
+    let mut out = Vec::with_capacity(2 + stored.len() + bytes.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(stored);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// The stored key and record bytes of record `number`'s value.
+pub(crate) fn split(number: u64, value: &[u8]) -> Result<(&[u8], &[u8]), StorageError> {
+    let parts = value
+        .split_first_chunk::<2>()
+        .and_then(|(len, rest)| rest.split_at_checked(usize::from(u16::from_be_bytes(*len))));
+    parts.ok_or_else(|| {
+        StorageError::Corrupted(format!(
+            "record {number}: its stored key's length runs past the value's {} bytes",
+            value.len()
+        ))
+    })
 }
 
 /// A stored key and its record bytes.
@@ -105,12 +132,19 @@ where
         for number in self.keys.range((hash, 0)..=(hash, u64::MAX))? {
             let number = number?.0.value().1;
             if let Some(entry) = self.records.get(number)?
-                && entry.value().0 == stored
+                && split(number, entry.value())?.0 == stored
             {
                 return Ok(Some((number, entry)));
             }
         }
         Ok(None)
+    }
+
+    /// The number of `stored`'s record.
+    pub(crate) fn number(&self, stored: &[u8]) -> Result<Option<u64>, StorageError> {
+        Ok(self
+            .find(key_hash(stored), stored)?
+            .map(|(number, _)| number))
     }
 
     /// Calls `f` with `stored`'s record bytes, if it has a record.
@@ -119,9 +153,10 @@ where
         stored: &[u8],
         f: impl FnOnce(&[u8]) -> T,
     ) -> Result<Option<T>, StorageError> {
-        Ok(self
-            .find(key_hash(stored), stored)?
-            .map(|(_, entry)| f(entry.value().1)))
+        match self.find(key_hash(stored), stored)? {
+            Some((number, entry)) => Ok(Some(f(split(number, entry.value())?.1))),
+            None => Ok(None),
+        }
     }
 
     /// `stored`'s record bytes.
@@ -129,13 +164,17 @@ where
         self.with(stored, <[u8]>::to_vec)
     }
 
-    /// The records under `hash`, by stored key. An index entry without its record is damage no
-    /// lookup reaches (`verify` reports it); it is left out.
+    /// The records under `hash`, by stored key. An index entry without its record, or with a
+    /// value whose key cannot be read, is damage (`verify` reports it; a lookup of a key under
+    /// the hash fails on the latter); it is left out, so that a sweep drops the expiry entry
+    /// and goes on.
     pub(crate) fn under_hash(&self, hash: u64) -> Result<Vec<Filed>, StorageError> {
         let mut found = Vec::new();
         for number in self.keys.range((hash, 0)..=(hash, u64::MAX))? {
-            if let Some(entry) = self.records.get(number?.0.value().1)? {
-                let (key, bytes) = entry.value();
+            let number = number?.0.value().1;
+            if let Some(entry) = self.records.get(number)?
+                && let Ok((key, bytes)) = split(number, entry.value())
+            {
                 found.push((key.to_vec(), bytes.to_vec()));
             }
         }
@@ -144,7 +183,15 @@ where
 
     /// Whether a key other than `stored` has a record under `hash`.
     fn hash_shared(&self, hash: u64, stored: &[u8]) -> Result<bool, StorageError> {
-        Ok(self.under_hash(hash)?.iter().any(|(key, _)| key != stored))
+        for number in self.keys.range((hash, 0)..=(hash, u64::MAX))? {
+            let number = number?.0.value().1;
+            if let Some(entry) = self.records.get(number)?
+                && split(number, entry.value())?.0 != stored
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The records table, in order of number.
@@ -167,9 +214,10 @@ impl RecordsMut<'_> {
         bytes: &[u8],
     ) -> Result<Option<usize>, StorageError> {
         let hash = key_hash(stored);
-        let old = self
-            .find(hash, stored)?
-            .map(|(number, entry)| (number, entry.value().1.len()));
+        let old = match self.find(hash, stored)? {
+            Some((number, entry)) => Some((number, split(number, entry.value())?.1.len())),
+            None => None,
+        };
         let number = match old {
             Some((number, _)) => number,
             None => {
@@ -178,19 +226,19 @@ impl RecordsMut<'_> {
                 number
             }
         };
-        self.records.insert(number, (stored, bytes))?;
+        self.records
+            .insert(number, entry(stored, bytes).as_slice())?;
         Ok(old.map(|(_, len)| len))
     }
 
     /// Deletes `stored`'s record. Returns its length.
     pub(crate) fn remove(&mut self, stored: &[u8]) -> Result<Option<usize>, StorageError> {
         let hash = key_hash(stored);
-        let Some((number, len)) = self
-            .find(hash, stored)?
-            .map(|(number, entry)| (number, entry.value().1.len()))
-        else {
+        let Some((number, entry)) = self.find(hash, stored)? else {
             return Ok(None);
         };
+        let len = split(number, entry.value())?.1.len();
+        drop(entry);
         self.keys.remove((hash, number))?;
         self.records.remove(number)?;
         Ok(Some(len))
@@ -198,11 +246,18 @@ impl RecordsMut<'_> {
 
     fn next_number(&mut self) -> Result<u64, StorageError> {
         let next = match self.next {
-            Some(next) => next,
-            None => self.records.last()?.map_or(0, |(n, _)| n.value()) + 1,
+            Some(next) => Some(next),
+            None => self
+                .records
+                .last()?
+                .map_or(Some(1), |(n, _)| n.value().checked_add(1)),
         };
-        self.next = Some(next + 1);
-        Ok(next)
+        // Only a damaged file gets there: numbers grow by one a record.
+        let after = next.and_then(|n| n.checked_add(1)).ok_or_else(|| {
+            StorageError::Corrupted("the records table holds a record numbered u64::MAX".into())
+        })?;
+        self.next = Some(after);
+        Ok(after - 1)
     }
 }
 
@@ -235,32 +290,40 @@ where
     Ok(())
 }
 
-/// Creates the records tables, and moves the records of a format-3 or 4 file into them, in
-/// `txn`: all or, if it does not commit, none. Returns how many moved.
-pub(crate) fn create_or_migrate(txn: &WriteTransaction) -> Result<u64> {
+/// What [`create_or_migrate`] moved, and what it left out.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Moved {
+    pub records: u64,
+    /// Records filed under a hash that was not their key's: no lookup reached them, and the
+    /// earlier release's `verify` reported each. Their count and bytes (as the usage counters
+    /// count them) leave the counters with them.
+    pub dropped: u64,
+    pub dropped_bytes: u64,
+}
+
+/// Creates the records tables, and if `hashed` (a format-3 or 4 file) moves the records of the
+/// old table into them, in `txn`: all or, if it does not commit, none.
+pub(crate) fn create_or_migrate(txn: &WriteTransaction, hashed: bool) -> Result<Moved> {
     let mut records = RecordsMut::open(txn)?;
-    let hashed = txn.list_tables()?.any(|t| t.name() == HASHED.name());
-    if !hashed {
-        return Ok(0);
+    let mut moved = Moved::default();
+    if !hashed || !txn.list_tables()?.any(|t| t.name() == HASHED.name()) {
+        return Ok(moved);
     }
-    let mut moved = 0;
     {
         let old = txn.open_table(HASHED)?;
         for filed in old.iter()? {
             let (key, bytes) = filed?;
-            let stored = stored_key(key.value()).ok_or_else(|| {
-                Error::corrupted(format!(
-                    "moving records to format 5: the record {:?} is filed under a hash that is \
-                     not its key's (the previous release's `verify` reports it)",
-                    String::from_utf8_lossy(key.value())
-                ))
-            })?;
-            if records.put(stored, bytes.value())?.is_some() {
-                return Err(Error::corrupted(
-                    "moving records to format 5: a key is filed twice",
-                ));
+            match stored_key(key.value()) {
+                Some(stored) => {
+                    records.put(stored, bytes.value())?;
+                    moved.records += 1;
+                }
+                None => {
+                    moved.dropped += 1;
+                    let len = key.value().len().saturating_sub(PREFIX) + bytes.value().len();
+                    moved.dropped_bytes += len as u64;
+                }
             }
-            moved += 1;
         }
     }
     txn.delete_table(HASHED)?;
@@ -276,6 +339,7 @@ fn stored_key(filed: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use redb::backends::InMemoryBackend;
     use redb::{Database, ReadableDatabase, ReadableTableMetadata};
 
@@ -284,7 +348,9 @@ mod tests {
         records.put(b"\0a", b"1")?;
         let number = records.next_number()?;
         records.keys.insert((key_hash(b"\0a"), number), ())?;
-        records.records.insert(number, (&b"\0b"[..], &b"2"[..]))?;
+        records
+            .records
+            .insert(number, entry(b"\0b", b"2").as_slice())?;
         Ok(())
     }
 
@@ -321,13 +387,13 @@ mod tests {
             assert_eq!(records.put(b"\0a", b"one")?, Some(1));
             assert_eq!(records.get(b"\0a")?, Some(b"one".to_vec()));
             assert_eq!(
-                records.records.get(2)?.map(|e| e.value().1.to_vec()),
+                records.records.get(2)?.map(|e| e.value()[4..].to_vec()),
                 Some(b"2".to_vec())
             );
             assert_eq!(records.remove(b"\0a")?, Some(3));
             assert_eq!(records.get(b"\0a")?, None);
             assert_eq!(
-                records.records.get(2)?.map(|e| e.value().0.to_vec()),
+                records.records.get(2)?.map(|e| e.value()[2..4].to_vec()),
                 Some(b"\0b".to_vec())
             );
             assert_eq!(records.keys.len()?, 1);
@@ -353,7 +419,7 @@ mod tests {
         let order: Vec<(u64, Vec<u8>)> = records
             .records()
             .iter()?
-            .map(|e| e.map(|(n, v)| (n.value(), v.value().0.to_vec())))
+            .map(|e| e.map(|(n, v)| (n.value(), v.value()[2..4].to_vec())))
             .collect::<Result<_, _>>()?;
         assert_eq!(
             order,
@@ -377,28 +443,73 @@ mod tests {
                 old.insert(filed.as_slice(), key)?;
             }
         }
-        assert_eq!(create_or_migrate(&txn)?, 3);
+        assert_eq!(create_or_migrate(&txn, true)?.records, 3);
         assert!(!txn.list_tables()?.any(|t| t.name() == HASHED.name()));
         let records = RecordsMut::open(&txn)?;
         for key in [&b"\0a"[..], b"\0b", b"\0c"] {
             assert_eq!(records.get(key)?.as_deref(), Some(key));
         }
         drop(records);
-        assert_eq!(create_or_migrate(&txn)?, 0, "nothing left to move");
+        assert_eq!(
+            create_or_migrate(&txn, true)?,
+            Moved::default(),
+            "nothing left"
+        );
         Ok(())
     }
 
     #[test]
-    fn a_format_3_record_under_a_wrong_hash_stops_the_move() -> Result<(), Error> {
+    fn a_format_3_record_under_a_wrong_hash_is_left_out_and_counted() -> Result<(), Error> {
+        let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        {
+            let mut old = txn.open_table(HASHED)?;
+            old.insert(&b"12345678\0a"[..], &b"123"[..])?;
+            let filed = [&key_hash(b"\0b").to_be_bytes()[..], b"\0b"].concat();
+            old.insert(filed.as_slice(), &b"1"[..])?;
+        }
+        let moved = create_or_migrate(&txn, true)?;
+        let expected = Moved {
+            records: 1,
+            dropped: 1,
+            dropped_bytes: 5,
+        };
+        assert_eq!(moved, expected);
+        assert_eq!(RecordsMut::open(&txn)?.get(b"\0a")?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_table_of_the_old_name_in_a_format_5_file_is_left_alone() -> Result<(), Error> {
         let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
         let txn = db.begin_write()?;
         txn.open_table(HASHED)?
             .insert(&b"12345678\0a"[..], &b"1"[..])?;
-        let err = create_or_migrate(&txn).expect_err("a wrong hash");
+        assert_eq!(create_or_migrate(&txn, false)?, Moved::default());
+        assert!(txn.list_tables()?.any(|t| t.name() == HASHED.name()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_damaged_value_is_an_error_not_a_panic() -> Result<(), redb::Error> {
+        let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+        let txn = db.begin_write()?;
+        let mut records = RecordsMut::open(&txn)?;
+        records.put(b"\0a", b"1")?;
+        records.records.insert(1, &[0xff, 0xff, 0, b'a'][..])?;
+        let err = records.get(b"\0a").expect_err("a damaged length");
         assert!(
-            matches!(&err, Error::Corrupted { reason } if reason.contains("\\0a") || reason.contains("12345678")),
+            matches!(&err, StorageError::Corrupted(r) if r.contains("record 1")),
             "{err:?}"
         );
+        records.records.insert(u64::MAX, &entry(b"\0z", b"2")[..])?;
+        drop(records);
+        // A transaction's first new record looks up the highest number.
+        let mut records = RecordsMut::open(&txn)?;
+        assert!(matches!(
+            records.put(b"\0b", b"3"),
+            Err(StorageError::Corrupted(_))
+        ));
         Ok(())
     }
 }

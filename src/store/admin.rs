@@ -12,13 +12,13 @@ use crate::api::records::Records;
 use crate::api::report::StoredRecord;
 use crate::engine::contain::contain;
 use crate::engine::ops::ForceReleaseKey;
-use crate::engine::tables::{Entry, RECORDS};
+use crate::engine::tables::{self, Entry, RECORDS};
 use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// The redb walk behind [`IdempotencyStore::records`](crate::IdempotencyStore::records): every
-/// record in storage order (the order in which keys first got a record), from one read
-/// snapshot (writers go on meanwhile and are not seen).
+/// record in storage order (by number: merge by merge, the order in which records first reached
+/// redb), from one read snapshot (writers go on meanwhile and are not seen).
 struct Walk<'store> {
     range: Option<redb::Range<'static, u64, Entry>>,
     _store: PhantomData<&'store Store>,
@@ -31,8 +31,8 @@ impl Iterator for Walk<'_> {
         let range = self.range.as_mut()?;
         let step = contain("listing records", || match range.next() {
             None => Ok(None),
-            Some(Ok((_, entry))) => {
-                let (key, value) = entry.value();
+            Some(Ok((number, entry))) => {
+                let (key, value) = tables::split(number.value(), entry.value())?;
                 Ok(Some(stored_record(key, value)))
             }
             Some(Err(err)) => Err(err.into()),

@@ -233,8 +233,8 @@ impl StoreBuilder {
     /// entries, in a table of the store's own, and the next open that registers their table
     /// applies them (before the log's newer rows), as if it had replayed them from the log.
     /// An open that does not register it refuses the file, as it would refuse the log. While
-    /// rows wait, the file's format version is 4, so that builds from before this setting
-    /// refuse the file instead of losing them.
+    /// rows wait, the file's format version is 6 (5 otherwise), so that builds that do not know
+    /// the table refuse the file instead of losing them.
     ///
     /// ```
     /// use idempotency_store::Store;

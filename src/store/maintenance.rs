@@ -36,20 +36,18 @@ impl Store {
         let mut report = VerifyReport::default();
         for entry in records.records().iter()? {
             let (number, entry) = entry?;
-            let (number, (key, value)) = (number.value(), entry.value());
+            let number = number.value();
             report.records += 1;
+            let (key, value) = match tables::split(number, entry.value()) {
+                Ok(parts) => parts,
+                Err(err) => {
+                    report.problems.push(err.to_string());
+                    continue;
+                }
+            };
             actual.0 += 1;
             actual.1 += (key.len() + value.len()) as u64;
-            if records
-                .keys()
-                .get((tables::key_hash(key), number))?
-                .is_none()
-            {
-                report.problems.push(format!(
-                    "record {number} ({:?}) has no entry in the key index",
-                    String::from_utf8_lossy(key)
-                ));
-            }
+            check_filing(&records, number, key, &mut report)?;
             let name = match Key::from_stored(key) {
                 Ok(parsed) => parsed.to_string(),
                 Err(e) => {
@@ -126,8 +124,8 @@ impl Store {
             ..Stats::default()
         };
         for entry in records.iter()? {
-            let (_, entry) = entry?;
-            let (key, value) = entry.value();
+            let (number, entry) = entry?;
+            let (key, value) = tables::split(number.value(), entry.value())?;
             let record = Record::decode(key, value)?;
             if record.is_expired(now) {
                 stats.expired += 1;
@@ -151,12 +149,45 @@ fn check_key_index(records: &RecordsRead, report: &mut VerifyReport) -> Result<(
     for entry in records.keys().iter()? {
         let (hash, number) = entry?.0.value();
         let filed = records.records().get(number)?;
-        if filed.is_none_or(|e| tables::key_hash(e.value().0) != hash) {
+        let key = filed.as_ref().map(|e| tables::split(number, e.value()));
+        if !matches!(key, Some(Ok((key, _))) if tables::key_hash(key) == hash) {
             report.problems.push(format!(
                 "key index entry (hash {hash:016x}, record {number}) names no record with that \
                  hash"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Reports a record that the key index does not name, or whose key an earlier record has too
+/// (lookups find only the first).
+fn check_filing(
+    records: &RecordsRead,
+    number: u64,
+    key: &[u8],
+    report: &mut VerifyReport,
+) -> Result<()> {
+    let name = String::from_utf8_lossy(key);
+    if records
+        .keys()
+        .get((tables::key_hash(key), number))?
+        .is_none()
+    {
+        report.problems.push(format!(
+            "record {number} ({name:?}) has no entry in the key index"
+        ));
+        return Ok(());
+    }
+    match records.number(key) {
+        Ok(Some(first)) if first != number => report.problems.push(format!(
+            "record {number} ({name:?}) has the key of record {first} too; lookups find only \
+             record {first}"
+        )),
+        Ok(_) => {}
+        Err(err) => report
+            .problems
+            .push(format!("record {number} ({name:?}): {err}")),
     }
     Ok(())
 }

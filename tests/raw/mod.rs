@@ -10,8 +10,8 @@ use std::path::Path;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
-/// Sequence number → (stored key, record bytes).
-pub const RECORDS: TableDefinition<u64, (&[u8], &[u8])> =
+/// Sequence number → the stored key's length (`u16`, big-endian), the stored key, the record.
+pub const RECORDS: TableDefinition<u64, &[u8]> =
     TableDefinition::new("idempotency_records_by_number");
 /// `(key hash, sequence number)` → `()`.
 pub const KEYS: TableDefinition<(u64, u64), ()> = TableDefinition::new("idempotency_keys");
@@ -29,6 +29,18 @@ pub fn key_hash(stored: &[u8]) -> u64 {
     )
 }
 
+/// A records-table value: `stored`'s length, `stored`, then the record's `bytes`.
+pub fn entry(stored: &[u8], bytes: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(stored.len()).expect("a stored key is short");
+    [&len.to_be_bytes()[..], stored, bytes].concat()
+}
+
+/// The stored key and the record bytes of a records-table value.
+pub fn split(value: &[u8]) -> (&[u8], &[u8]) {
+    let len = usize::from(u16::from_be_bytes([value[0], value[1]]));
+    value[2..].split_at(len)
+}
+
 /// The number of `stored`'s record.
 pub fn number_of(db: &redb::Database, stored: &[u8]) -> u64 {
     let txn = db.begin_read().expect("txn");
@@ -37,7 +49,7 @@ pub fn number_of(db: &redb::Database, stored: &[u8]) -> u64 {
         .iter()
         .expect("iter")
         .map(|e| e.expect("entry"))
-        .find(|(_, entry)| entry.value().0 == stored)
+        .find(|(_, entry)| split(entry.value()).0 == stored)
         .map(|(number, _)| number.value());
     found.expect("the key has a record")
 }
@@ -70,7 +82,7 @@ pub fn downgrade_to_format_3(path: &Path) {
         let mut hashed = txn.open_table(HASHED).expect("hashed");
         for entry in records.iter().expect("iter") {
             let (_, entry) = entry.expect("entry");
-            let (stored, bytes) = entry.value();
+            let (stored, bytes) = split(entry.value());
             let filed = [&key_hash(stored).to_be_bytes()[..], stored].concat();
             hashed.insert(filed.as_slice(), bytes).expect("insert");
         }
@@ -119,4 +131,27 @@ impl redb::StorageBackend for Inner {
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         self.file.write_all_at(data, offset + self.start)
     }
+}
+
+/// Adds to the closed format-3 file at `path` a record filed under a hash that is not its
+/// key's, counted in the usage counters as the release that wrote it would have.
+pub fn add_misfiled_format_3_record(path: &Path) {
+    let db = raw_redb(path);
+    let txn = db.begin_write().expect("txn");
+    {
+        let stored = b"\0misfiled";
+        let filed = [&[0u8; 8][..], stored].concat();
+        let bytes = b"a record no lookup reaches";
+        let mut hashed = txn.open_table(HASHED).expect("hashed");
+        hashed.insert(filed.as_slice(), &bytes[..]).expect("insert");
+        let mut meta = txn.open_table(META).expect("meta");
+        for (counter, more) in [
+            ("record_count", 1),
+            ("record_bytes", stored.len() + bytes.len()),
+        ] {
+            let now = meta.get(counter).expect("get").map_or(0, |v| v.value());
+            meta.insert(counter, now + more as u64).expect("insert");
+        }
+    }
+    txn.commit().expect("commit");
 }
