@@ -32,6 +32,17 @@ fn pristine(dir: &Path, n: usize) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Runs `damage` in a write transaction on the closed store file at `path`, with key-0's
+/// stored key and record number.
+fn damage_key_0(path: &Path, damage: impl FnOnce(&redb::WriteTransaction, &[u8], u64)) {
+    let db = raw_redb(path);
+    let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
+    let number = number_of(&db, &stored);
+    let txn = db.begin_write().expect("txn");
+    damage(&txn, &stored, number);
+    txn.commit().expect("commit");
+}
+
 fn message(err: &Error) -> String {
     let mut text = err.to_string();
     let mut source = std::error::Error::source(err);
@@ -179,37 +190,30 @@ fn a_record_with_an_unknown_format_version_is_an_error_not_a_replay() -> Result<
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 2)?;
     let key = Key::new("key-0")?;
-    {
-        // Rewrite key-0's record as version 2 with a valid checksum, as a future release might.
-        let db = raw_redb(&path);
-        let txn = db.begin_write().expect("txn");
-        {
-            let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
-            let number = number_of(&db, &stored);
-            let mut table = txn.open_table(RECORDS).expect("records");
-            let old = table
-                .get(number)
-                .expect("get")
-                .expect("present")
-                .value()
-                .to_vec();
-            let old = raw::split(&old).1.to_vec();
-            let mut versioned = old[..old.len() - 8].to_vec();
-            // A version this build does not know (it writes 3 and reads 2 and 3).
-            versioned[0] = 9;
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(&(stored.len() as u64).to_le_bytes());
-            hasher.update(&stored);
-            hasher.update(&versioned);
-            let mut sum = [0u8; 8];
-            hasher.finalize_xof().fill(&mut sum);
-            versioned.extend_from_slice(&sum);
-            table
-                .insert(number, &raw::entry(&stored, &versioned)[..])
-                .expect("insert");
-        }
-        txn.commit().expect("commit");
-    }
+    // Rewrite key-0's record as version 9 with a valid checksum, as a future release might.
+    damage_key_0(&path, |txn, stored, number| {
+        let mut table = txn.open_table(RECORDS).expect("records");
+        let old = table
+            .get(number)
+            .expect("get")
+            .expect("present")
+            .value()
+            .to_vec();
+        let old = raw::split(&old).1.to_vec();
+        let mut versioned = old[..old.len() - 8].to_vec();
+        // A version this build does not know (it writes 3 and reads 2 and 3).
+        versioned[0] = 9;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&(stored.len() as u64).to_le_bytes());
+        hasher.update(stored);
+        hasher.update(&versioned);
+        let mut sum = [0u8; 8];
+        hasher.finalize_xof().fill(&mut sum);
+        versioned.extend_from_slice(&sum);
+        table
+            .insert(number, &raw::entry(stored, &versioned)[..])
+            .expect("insert");
+    });
     let store = Store::open(&path)?;
     let err = store
         .claim(&key, fp(0))
@@ -413,22 +417,15 @@ fn sweep_all_is_not_stopped_by_stale_index_entries() -> Result<()> {
 fn verify_reports_a_record_the_key_index_lost_and_an_entry_naming_no_record() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 3)?;
-    {
-        let db = raw_redb(&path);
-        let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
-        let number = number_of(&db, &stored);
-        let txn = db.begin_write().expect("txn");
-        {
-            let mut keys = txn.open_table(KEYS).expect("keys");
-            assert!(
-                keys.remove((key_hash(&stored), number))
-                    .expect("remove")
-                    .is_some()
-            );
-            keys.insert((7, 999), ()).expect("insert");
-        }
-        txn.commit().expect("commit");
-    }
+    damage_key_0(&path, |txn, stored, number| {
+        let mut keys = txn.open_table(KEYS).expect("keys");
+        assert!(
+            keys.remove((key_hash(stored), number))
+                .expect("remove")
+                .is_some()
+        );
+        keys.insert((7, 999), ()).expect("insert");
+    });
     let report = Store::open(&path)?.verify()?;
     // The third: key-0's expiry entry, which no longer reaches its record either.
     assert_eq!(report.problems.len(), 3, "{report:?}");
@@ -445,17 +442,12 @@ fn verify_reports_a_record_the_key_index_lost_and_an_entry_naming_no_record() ->
 fn a_record_value_with_a_damaged_key_length_is_an_error_and_the_store_goes_on() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = pristine(dir.path(), 3)?;
-    {
-        let db = raw_redb(&path);
-        let stored: Vec<u8> = [&[0u8][..], b"key-0"].concat();
-        let number = number_of(&db, &stored);
-        let txn = db.begin_write().expect("txn");
+    damage_key_0(&path, |txn, _, number| {
         txn.open_table(RECORDS)
             .expect("records")
             .insert(number, &[0xff, 0xff, 0, b'k'][..])
             .expect("insert");
-        txn.commit().expect("commit");
-    }
+    });
     let store = Store::open(&path)?;
     let err = store
         .claim(&Key::new("key-0")?, fp(0))
