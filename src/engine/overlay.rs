@@ -552,9 +552,9 @@ pub(crate) fn write(
         .collect();
     filed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let mut records = RecordsMut::open(txn)?;
-    for &(_, key, record) in &filed {
+    for &((_, hash), key, record) in &filed {
         match record {
-            Some(bytes) => drop(records.put(key, bytes)?),
+            Some(bytes) => drop(records.put_hashed(hash, key, bytes)?),
             None => drop(records.remove(key)?),
         }
     }

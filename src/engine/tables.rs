@@ -213,7 +213,16 @@ impl RecordsMut<'_> {
         stored: &[u8],
         bytes: &[u8],
     ) -> Result<Option<usize>, StorageError> {
-        let hash = key_hash(stored);
+        self.put_hashed(key_hash(stored), stored, bytes)
+    }
+
+    /// [`put`](Self::put), for a key whose [`key_hash`] is `hash`.
+    pub(crate) fn put_hashed(
+        &mut self,
+        hash: u64,
+        stored: &[u8],
+        bytes: &[u8],
+    ) -> Result<Option<usize>, StorageError> {
         let old = match self.find(hash, stored)? {
             Some((number, entry)) => Some((number, split(number, entry.value())?.1.len())),
             None => None,
