@@ -168,6 +168,20 @@ impl Generation {
         }
     }
 
+    /// A store in memory has no log to bound its generations, so it takes the most records a
+    /// log could give it: more of a merge's records share each of the key index's leaves,
+    /// which a merge copies once each. With 1024-record generations the key index's inserts
+    /// were half of the flush thread's time, and the flush thread a fifth of an in-memory
+    /// fresh-key POST's CPU (BENCHMARKS.md, "Larger generations in memory"). Its bytes grow
+    /// only fourfold: the overlay holds a second copy of what redb holds in the same memory,
+    /// and with large responses up to four generations of it (see [`OVERLAY_LIMIT`]).
+    fn in_memory() -> Self {
+        Generation {
+            records: 16 * OVERLAY_RECORDS,
+            bytes: 4 * OVERLAY_BYTES,
+        }
+    }
+
     /// Whether the active generation, at `records` and `bytes`, is this many generations full.
     fn reached(&self, generations: usize, (records, bytes): (usize, usize)) -> bool {
         records >= generations * self.records || bytes >= generations * self.bytes
@@ -191,7 +205,11 @@ impl Engine {
     /// log entries written after the last merge; the commit that ends it is a merge.
     pub(crate) fn init(db: Database, log_file: LogFile, config: Config) -> Result<Engine> {
         let poison = Arc::clone(&log_file.poison);
-        let generation = Generation::for_log(log_file.region.log_len);
+        let generation = if config.in_memory {
+            Generation::in_memory()
+        } else {
+            Generation::for_log(log_file.region.log_len)
+        };
         let mut txn = db.begin_write()?;
         txn.set_quick_repair(config.quick_repair);
         let mut writer = {
@@ -912,6 +930,13 @@ mod tests {
         assert_eq!(records(1 << 20), OVERLAY_RECORDS);
         assert_eq!(records((8 << 20) + 1), 8 * OVERLAY_RECORDS);
         assert_eq!(records(1 << 30), 16 * OVERLAY_RECORDS, "at most 16 MiB's");
+        let memory = Generation::in_memory();
+        assert_eq!(
+            memory.records,
+            records(16 << 20),
+            "as many records as the largest log's"
+        );
+        assert_eq!(memory.bytes, 4 * OVERLAY_BYTES, "a fourth of its bytes");
         let large = Generation::for_log(4 << 20);
         assert_eq!(large.bytes, 4 * OVERLAY_BYTES);
         assert!(!large.reached(1, (4095, 0)) && large.reached(1, (4096, 0)));
