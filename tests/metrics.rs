@@ -407,21 +407,36 @@ fn redb_reports_merges_file_size_and_the_sweeper() {
 
 /// A store in memory writes no log (nothing of it outlives the `Store`), and merges each full
 /// overlay generation durably instead: redb gives back the pages that unsynced commits free
-/// from its last durable state only at a durable commit.
+/// from its last durable state only at a durable commit. With no log to bound them, its
+/// generations hold 16,384 records, whatever `log_size` says.
 #[test]
 fn redb_in_memory_writes_no_log_and_merges_each_generation() {
+    const GENERATION: usize = 16_384;
     let store = Store::builder().open_in_memory().expect("open");
-    for i in 0..5000 {
-        let lease = acquire(&store, &key(&format!("key-{i}")));
-        store
-            .complete(&lease, Response::new(200, "ok"))
-            .expect("complete");
-    }
-    let engine = store.metrics().engine.expect("engine");
+    let fill = |keys: std::ops::Range<usize>| {
+        for i in keys {
+            let lease = acquire(&store, &key(&format!("key-{i}")));
+            store
+                .complete(&lease, Response::new(200, "ok"))
+                .expect("complete");
+        }
+        store.metrics().engine.expect("engine")
+    };
+    let engine = fill(0..GENERATION - 1);
+    assert_eq!(engine.log_writes, 0, "no log entry in memory: {engine:?}");
+    assert_eq!(
+        engine.merges,
+        0,
+        "{} records are less than a generation: {engine:?}",
+        GENERATION - 1
+    );
+    // Three generations: the second one's merge has had a generation's time to finish.
+    let engine = fill(GENERATION - 1..3 * GENERATION + 1);
     assert_eq!(engine.log_writes, 0, "no log entry in memory: {engine:?}");
     assert!(
         engine.merges >= 2,
-        "5000 records fill generations of 1024: {engine:?}"
+        "{} records fill three generations: {engine:?}",
+        3 * GENERATION + 1
     );
 }
 

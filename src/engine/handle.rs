@@ -146,7 +146,8 @@ const OVERLAY_BYTES: usize = 4 << 20;
 const GENERATION_SCALE: u64 = 16;
 
 /// The overlay's limits for a store whose log is `log_len` bytes: [`OVERLAY_RECORDS`] and
-/// [`OVERLAY_BYTES`] per MiB of log (at least one, at most [`GENERATION_SCALE`]). Larger
+/// [`OVERLAY_BYTES`] per MiB of log (at least one, at most [`GENERATION_SCALE`]); a store in
+/// memory has limits of its own ([`Generation::in_memory`]). Larger
 /// generations share more of redb's leaves among their records, so each record costs fewer
 /// page copies and fewer bytes written: at 64 threads a 16 MiB log made 1.22 times the pairs/s
 /// of the default 1 MiB, for a file 4.3 times its raw bytes while open against 2.1 (redb
@@ -169,15 +170,16 @@ impl Generation {
     }
 
     /// A store in memory has no log to bound its generations, so it takes the most records a
-    /// log could give it: more of a merge's records share each of the key index's leaves,
-    /// which a merge copies once each. With 1024-record generations the key index's inserts
-    /// were half of the flush thread's time, and the flush thread a fifth of an in-memory
-    /// fresh-key POST's CPU (BENCHMARKS.md, "Larger generations in memory"). Its bytes grow
-    /// only fourfold: the overlay holds a second copy of what redb holds in the same memory,
-    /// and with large responses up to four generations of it (see [`OVERLAY_LIMIT`]).
+    /// log could give it, whatever its `log_size`: more of a merge's records share each of
+    /// the key index's leaves, which a merge copies once each. With 1024-record generations
+    /// the key index's inserts were half of the flush thread's time, and the flush thread a
+    /// fifth of the samples of a benchmark of fresh-key POSTs through the layer (BENCHMARKS.md,
+    /// "Larger generations in memory"). Its bytes grow only fourfold: the overlay holds a
+    /// second copy of what redb holds in the same memory, and with large responses up to
+    /// [`OVERLAY_LIMIT`] generations of it.
     fn in_memory() -> Self {
         Generation {
-            records: 16 * OVERLAY_RECORDS,
+            records: GENERATION_SCALE as usize * OVERLAY_RECORDS,
             bytes: 4 * OVERLAY_BYTES,
         }
     }

@@ -4,7 +4,7 @@
 //! writes new roots: after the sync itself, the largest cost of a write batch. So a batch of
 //! claims and settlements applies to this overlay instead of to redb: its changes go to the
 //! log and, once durable, into the overlay, where readers look first. Once the active
-//! generation holds 1024 records it is frozen and the store's flush thread (`flush`) writes it
+//! generation holds 1024 records (per MiB of log; 16,384 in memory) it is frozen and the store's flush thread (`flush`) writes it
 //! into redb in one commit without a sync, while batches fill the next. The whole overlay is
 //! written by the writer itself (`Engine::flush_overlay`) before anything that writes redb
 //! directly or walks its tables: a merge, a sweep, a batch of a store with quotas,
@@ -325,7 +325,10 @@ struct Shard {
 
 const SHARDS: usize = 16;
 /// The capacity a cleared generation of a shard keeps: its share of an ordinary generation
-/// (1024 records of a few hundred bytes, over 16 shards) with room to spare.
+/// (1024 records of a few hundred bytes, over 16 shards) with room to spare. The larger
+/// generations of a larger log or of a store in memory (up to 16,384 records) grow their
+/// shards again after each clear: a few reallocations a shard per generation, which keeps
+/// a burst's memory from staying with the overlay.
 const KEEP_BYTES: usize = 64 << 10;
 const KEEP_ENTRIES: usize = 256;
 

@@ -161,8 +161,9 @@ impl StoreBuilder {
     /// 2.19 and 2.40 times the raw bytes allocated (1.96) and 4.3 times their length while open
     /// (2.13), and a peak RSS of 53 and 67 MiB (36) (BENCHMARKS.md, "A larger log"). A smaller
     /// log means a smaller file, a shorter replay after a crash and less memory. A batch bigger
-    /// than the log simply merges. An existing file keeps the size it was created with.
-    /// Defaults to 1 MiB.
+    /// than the log simply merges. An existing file keeps the size it was created with. A
+    /// store from [`open_in_memory`](StoreBuilder::open_in_memory) has no log, and its
+    /// groups are always 16,384 records. Defaults to 1 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
         self
