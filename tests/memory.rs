@@ -1,6 +1,7 @@
 //! Memory is bounded in bytes, not only in records: 64 threads completing 1 MiB responses
 //! (the default `max_response_bytes`) keep the process's peak resident memory under a
-//! documented bound (docs/durability.md, "Memory"). Linux only: it reads `VmHWM` from /proc/self/status.
+//! documented bound (docs/durability.md, "Memory"). Linux only: it reads `VmHWM` from
+//! /proc/self/status.
 //! One test in this binary, so that the peak is this workload's.
 //!
 //! The bound is on what the store keeps, so the workload runs in a child process with glibc's
@@ -20,11 +21,11 @@ use idempotency_store::{Claim, Fingerprint, Key, Response, Result, Store};
 const THREADS: usize = 64;
 const ROUNDS: usize = 1;
 const BODY: usize = (1 << 20) - 4096;
-/// The documented bound on peak RSS for this workload (docs/durability.md, "Memory"): the callers' own
-/// 64 responses (64 MiB), at most 4 MiB of responses per batch with the store's copies of
-/// them (12 MiB), overlay generations of at most 4 MiB (16 MiB before a batch writes them
-/// itself), the log's entry buffer (8 MiB), redb's cache and write buffer (12 MiB), the two
-/// responses the test replays, and the test harness. Measured: 66-85 MiB.
+/// The documented bound on peak RSS for this workload (docs/durability.md, "Memory"): the
+/// callers' own 64 responses (64 MiB), at most 4 MiB of responses per batch with the store's
+/// copies of them (12 MiB), overlay generations of at most 4 MiB (16 MiB before a batch
+/// writes them itself), the log's entry buffer (8 MiB), redb's cache and write buffer
+/// (12 MiB), the two responses the test replays, and the test harness. Measured: 66-85 MiB.
 const BOUND_MIB: u64 = 128;
 /// A loose bound on the same peak with glibc's default `malloc`: the highest seen, 182 MiB,
 /// and a margin for what the arenas keep from run to run.

@@ -4,12 +4,12 @@
 //! writes new roots: after the sync itself, the largest cost of a write batch. So a batch of
 //! claims and settlements applies to this overlay instead of to redb: its changes go to the
 //! log and, once durable, into the overlay, where readers look first. Once the active
-//! generation holds 1024 records (per MiB of log; 16,384 in memory) it is frozen and the store's flush thread (`flush`) writes it
-//! into redb in one commit without a sync, while batches fill the next. The whole overlay is
-//! written by the writer itself (`Engine::flush_overlay`) before anything that writes redb
-//! directly or walks its tables: a merge, a sweep, a batch of a store with quotas,
-//! `complete_with`, `stats`, `verify`, `records`. The log holds everything the overlay does,
-//! so a crash loses nothing.
+//! generation holds 1024 records (per MiB of log; 16,384 in memory) it is frozen and the
+//! store's flush thread (`flush`) writes it into redb in one commit without a sync, while
+//! batches fill the next. The whole overlay is written by the writer itself
+//! (`Engine::flush_overlay`) before anything that writes redb directly or walks its tables: a
+//! merge, a sweep, a batch of a store with quotas, `complete_with`, `stats`, `verify`,
+//! `records`. The log holds everything the overlay does, so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
 //! changes under it (the flush thread only reads the frozen generation, and the writer empties
