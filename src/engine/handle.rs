@@ -396,11 +396,24 @@ impl Engine {
         self.poison.check()?;
         let slot = Arc::new(Slot::default());
         let job = Job::write_async(write, Arc::clone(&slot), appoint);
-        if self.config.in_memory {
+        if self.config.in_memory && !self.flush_behind() {
             let run = |batch: &mut Batch| self.run_batch(batch);
             return Ok(self.committer.enqueue_inline(job, slot, &run));
         }
         Ok(self.committer.enqueue(job, slot))
+    }
+
+    /// Whether the active overlay generation has grown to twice its size while the flush
+    /// thread was busy. A batch that finds it at [`OVERLAY_LIMIT`] waits for the thread and
+    /// writes the overlay itself (`hand_over`): in memory, up to 65,536 records, hundreds of
+    /// milliseconds that must not fall on an async runtime's thread. So past two generations
+    /// async callers go to a leader on the blocking pool. An inline leader leads at most
+    /// `INLINE_BATCHES` batches: with the default `max_batch` (128 calls) and batches of at
+    /// most 4 MiB of responses, too little to take the overlay from under two generations to
+    /// four.
+    fn flush_behind(&self) -> bool {
+        let size = (self.overlay.len(), self.overlay.bytes());
+        self.generation.reached(2, size)
     }
 
     /// Leads the batches of appointed async callers (see `write_async`). Blocks for as long
