@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::admission::{Admission, Holder};
 use super::flow;
 use super::options::HandleOptions;
-use crate::api::backend::IdempotencyStore;
+use crate::api::store::IdempotencyStore;
 use crate::error::Error;
 
 /// The handle that drains an [`IdempotencyLayer`](super::tower::IdempotencyLayer) at

@@ -14,7 +14,8 @@ use super::view::RequestView;
 use super::{
     IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay, to_http,
 };
-use crate::api::backend::{IdempotencyStore, once_more};
+use crate::api::execute::once_more;
+use crate::api::store::IdempotencyStore;
 use crate::api::clock::Clock;
 use crate::api::clock::SystemClock;
 use crate::api::clock::Timestamp;

@@ -9,7 +9,7 @@ use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 use super::prefer;
 use super::view::RequestView;
-use crate::api::backend::IdempotencyStore;
+use crate::api::store::IdempotencyStore;
 use crate::api::heartbeat;
 use crate::api::outcome::Lease;
 

@@ -23,7 +23,7 @@ use super::flow::{self, Decided, Settling, Ticket};
 use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 use super::{Problem, problem_type};
-use crate::api::backend::IdempotencyStore;
+use crate::api::store::IdempotencyStore;
 use crate::api::heartbeat;
 use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, Lease};

@@ -122,7 +122,7 @@ use super::prefer;
 use super::runner::{Claimed, Runner, unreadable};
 use super::view::RequestView;
 use super::{IDEMPOTENCY_KEY, Problem};
-use crate::api::backend::IdempotencyStore;
+use crate::api::store::IdempotencyStore;
 use crate::api::outcome::Lease;
 
 /// A [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) that makes the services

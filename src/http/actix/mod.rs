@@ -97,7 +97,7 @@ use super::prefer;
 use super::runner::{Claimed, Runner};
 use super::view::RequestView;
 use super::{Problem, problem_type};
-use crate::api::backend::IdempotencyStore;
+use crate::api::store::IdempotencyStore;
 use crate::api::outcome::Lease;
 
 /// The actix-web middleware (a [`Transform`]) that makes the services it wraps idempotent;
