@@ -11,6 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, SamplingMode, criterion_group, criterion_main};
+use idempotency_store::IdempotencyStore;
 use idempotency_store::redb::{self, ReadableTableMetadata, TableDefinition};
 use idempotency_store::{Claim, Fingerprint, Key, Lease, ManualClock, Response, Store, Timestamp};
 

@@ -25,6 +25,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use actix_web::{App, HttpResponse, HttpServer, web};
+use idempotency_store::IdempotencyStore;
 use idempotency_store::http::HandleOptions;
 use idempotency_store::http::actix::Idempotency;
 use idempotency_store::http::tower::IdempotencyLayer;

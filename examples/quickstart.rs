@@ -5,6 +5,7 @@
 
 use std::cell::Cell;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

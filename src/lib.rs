@@ -6,12 +6,12 @@
 //! ```
 //!
 //! A client retries `POST /payments` after a timeout; the service must charge once and give
-//! every retry the first answer. [`Store::claim`] decides, atomically and durably, which
-//! attempt runs the operation; [`Store::complete`] stores its response; later attempts get
+//! every retry the first answer. [`IdempotencyStore::claim`] decides, atomically and durably, which
+//! attempt runs the operation; [`IdempotencyStore::complete`] stores its response; later attempts get
 //! that response back to replay.
 //!
 //! ```
-//! use idempotency_store::{Claim, Fingerprint, Key, Response, Store};
+//! use idempotency_store::{IdempotencyStore, Claim, Fingerprint, Key, Response, Store};
 //!
 //! // In memory for this example; `Store::open("idempotency.redb")` for a durable file.
 //! let store = Store::builder().open_in_memory()?;
@@ -56,8 +56,8 @@
 //! | item | what for | feature |
 //! |---|---|---|
 //! | [`Store::open`], [`Store::builder`] ([`StoreBuilder`]) | open a store file (or one in memory) | none |
-//! | [`Store::execute`] | claim, run a closure, store its response or release the key | none |
-//! | [`Store::claim`], [`Claim`], [`Store::complete`], [`Store::release`] | the same flow step by step | none |
+//! | [`IdempotencyStore::execute`] | claim, run a closure, store its response or release the key | none |
+//! | [`IdempotencyStore::claim`], [`Claim`], [`IdempotencyStore::complete`], [`IdempotencyStore::release`] | the same flow step by step | none |
 //! | [`Store::complete_with_effects`], [`StoreBuilder::effect_table`] | your own rows committed with the response | none |
 //! | [`IdempotencyStore`] | the calls shared by `Store` and `PgStore`, operator calls included ([`admin`]) | none |
 //! | [`IdempotencyStore::metrics`], [`metrics::Metrics`] | counters and latencies since the open | none (`metrics` publishes them through the `metrics` facade) |
@@ -74,7 +74,7 @@
 //!   its lease lapses; claims are serialised by redb's single writer.
 //! - **Durable acknowledgements.** When a write call returns `Ok`, its write has been synced
 //!   to disk and survives a process kill or power loss. Under
-//!   [`Durability::QuickRepair`] the first open after a crash is also instant.
+//!   [`Recovery::QuickRepair`] the first open after a crash is also instant.
 //! - **Fencing.** Every lease carries a token unique for the life of the file; `complete`,
 //!   `release`, `heartbeat` and `checkpoint` from an attempt that was taken over fail with
 //!   [`Error::LeaseLost`] and change nothing.
@@ -154,17 +154,18 @@ pub mod http;
 pub mod pg;
 mod store;
 
-pub use crate::api::backend::IdempotencyStore;
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use crate::api::execute::execute;
 pub use crate::api::fingerprint::Fingerprint;
 pub use crate::api::key::Key;
 pub use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordState, RecordView, Replay};
 pub use crate::api::response::Response;
 pub use crate::api::settings::{Settings, WhenFull};
+pub use crate::api::store::IdempotencyStore;
 pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
 pub use crate::store::Store;
-pub use crate::store::builder::{Durability, StoreBuilder};
+pub use crate::store::builder::{Recovery, StoreBuilder};
 pub use crate::store::sweep::Sweeper;
 
 /// What the operator calls of [`IdempotencyStore`] answer: the walk over every record, its
@@ -174,6 +175,15 @@ pub mod admin {
     pub use crate::api::outcome::ForceRelease;
     pub use crate::api::records::Records;
     pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
+}
+
+/// What a backend implements ([`backend::Backend`]): each store operation once, uncounted;
+/// every `Backend` is an [`IdempotencyStore`], whose calls count and trace it. For wrapping one
+/// of this crate's stores (a fault injector in a test, a delegating store); a service never
+/// needs it.
+pub mod backend {
+    pub use crate::api::backend::{Backend, Swept};
+    pub use crate::api::metrics::Meter;
 }
 
 /// A backend's calls as futures, for async adapters ([`IdempotencyStore::nonblocking`]): the

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::client::{Begun, Delivery, Failure, Intent, Outbox, RetryPolicy, Sent};
 use idempotency_store::{Fingerprint, ManualClock, Response, Result, Store, Timestamp};
 

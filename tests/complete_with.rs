@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use idempotency_store::redb::{self, ReadableTableMetadata};
-use idempotency_store::{Claim, Error, Fingerprint, Key, Lease, Response, Result, Store};
+use idempotency_store::{
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, Response, Result, Store,
+};
 
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
 

@@ -656,7 +656,7 @@ fn execute_works_through_a_trait_object<S: IdempotencyStore + 'static>(
     let store: Box<dyn IdempotencyStore> = Box::new(store);
     let key = Key::new("k")?;
     // The closure checkpoints through the same store while it holds the lease.
-    let outcome = store.execute(&key, fp("a"), |lease| {
+    let outcome = idempotency_store::execute(&*store, &key, fp("a"), |lease| {
         let busy = store
             .claim(lease.key(), fp("a"))
             .map_err(|e| e.to_string())?;
@@ -667,7 +667,9 @@ fn execute_works_through_a_trait_object<S: IdempotencyStore + 'static>(
         Ok::<_, String>(Response::new(200, "ok"))
     })?;
     assert!(matches!(outcome, Outcome::Executed(r) if r.body == b"ok"));
-    let replay = store.execute(&key, fp("a"), |_| Err::<Response, _>("must not run"))?;
+    let replay = idempotency_store::execute(&*store, &key, fp("a"), |_| {
+        Err::<Response, _>("must not run")
+    })?;
     assert!(matches!(replay, Outcome::Replayed(r) if r.response.body == b"ok"));
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Fingerprint, Key, RecordState, Response, Result, Store};
 use redb::ReadableTable;
 

@@ -1,6 +1,7 @@
 //! Edges of the API that must answer with an error rather than hang or make a store that
 //! cannot be reopened.
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Fingerprint, Key, Response, Result, Store, redb};
 
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Barrier};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::redb::{self, ReadableTable, ReadableTableMetadata, TableDefinition};
 use idempotency_store::{Claim, Error, Fingerprint, Key, Lease, Response, Result, Store};
 

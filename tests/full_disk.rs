@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Fingerprint, Key, Response, Result, Store};
 
 struct Mount<'a>(&'a Path);

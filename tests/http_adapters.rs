@@ -17,6 +17,8 @@
 //!   lease would have lapsed, the handler run once.
 
 mod adapters;
+#[allow(dead_code)]
+mod faulty;
 
 #[allow(dead_code)]
 #[path = "../examples/payments_service/client.rs"]
@@ -27,13 +29,9 @@ use std::time::{Duration, Instant};
 
 use adapters::{Adapter, Handler, Server};
 use client::{Client, Reply};
-use idempotency_store::admin::{ForceRelease, Records, Stats, VerifyReport};
+use faulty::Faulty;
 use idempotency_store::http::{HandleOptions, problem_type};
-use idempotency_store::metrics::Metrics;
-use idempotency_store::{
-    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordView,
-    Response, Result, Store, Timestamp,
-};
+use idempotency_store::{Error, IdempotencyStore, ManualClock, Store, Timestamp};
 
 const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
 
@@ -73,7 +71,7 @@ fn two_hundred_duplicates_run_once(adapter: &Adapter) {
 /// The same through the blocking pool: a `Box` hides the store's awaited calls
 /// (`IdempotencyStore::nonblocking`), as `PgStore` has none.
 fn two_hundred_duplicates_run_once_on_the_blocking_pool(adapter: &Adapter) {
-    let boxed: Arc<dyn IdempotencyStore> = Arc::new(Box::new(memory_store()));
+    let boxed = Arc::new(Box::new(memory_store()));
     assert!(
         Arc::clone(&boxed).nonblocking().is_none(),
         "a Box forwards none"
@@ -346,64 +344,14 @@ fn a_client_whose_connection_resets_gets_the_one_answer_on_retry(adapter: &Adapt
 }
 
 /// A store that cannot be reached: every claim fails.
-struct Unreachable(Store);
-
-impl IdempotencyStore for Unreachable {
-    fn claim(&self, _: &Key, _: Fingerprint) -> Result<Claim> {
-        Err(Error::storage_for_tests("the database is down"))
-    }
-    fn claim_with_id(&self, _: &Key, _: Fingerprint, _: ClaimId) -> Result<Claim> {
-        Err(Error::storage_for_tests("the database is down"))
-    }
-    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
-        self.0.complete(lease, response)
-    }
-    fn release(&self, lease: &Lease) -> Result<()> {
-        self.0.release(lease)
-    }
-    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
-        self.0.heartbeat(lease)
-    }
-    fn checkpoint(&self, lease: &mut Lease, state: Vec<u8>) -> Result<()> {
-        self.0.checkpoint(lease, state)
-    }
-    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.0.lookup(key)
-    }
-    fn sweep(&self, limit: usize) -> Result<usize> {
-        self.0.sweep(limit)
-    }
-    fn verify(&self) -> Result<VerifyReport> {
-        self.0.verify()
-    }
-    fn stats(&self) -> Result<Stats> {
-        self.0.stats()
-    }
-    fn now(&self) -> Result<Timestamp> {
-        self.0.now()
-    }
-    fn metrics(&self) -> Metrics {
-        self.0.metrics()
-    }
-    fn records(&self) -> Result<Records<'_>> {
-        self.0.records()
-    }
-    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.0.inspect(key)
-    }
-    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
-        self.0.force_release(key)
-    }
+fn unreachable() -> Faulty<Store> {
+    Faulty::new(memory_store())
+        .claims(|_, _, _, _| Err(Error::storage_for_tests("the database is down")))
 }
 
 fn storage_error_is_503(adapter: &Adapter) {
     let handler = Handler::new(Duration::ZERO);
-    let server = start(
-        adapter,
-        Unreachable(memory_store()),
-        HandleOptions::new(),
-        &handler,
-    );
+    let server = start(adapter, unreachable(), HandleOptions::new(), &handler);
     let http = Client::new(server.addr);
     let reply = http.post("/payments", Some("down"), BODY).expect("post");
     assert_eq!(reply.status, 503, "{}: {reply:?}", adapter.name);

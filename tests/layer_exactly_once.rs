@@ -8,20 +8,21 @@
 //!   stored and replayed, and the handler is not run again after the lease;
 //! - overload: a claim that finds no slot in time is answered 503 without touching the key.
 
+mod faulty;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ::http::{Request, StatusCode};
 use axum::body::Body;
+use faulty::Faulty;
 use http_body_util::BodyExt;
-use idempotency_store::admin::{ForceRelease, Records, Stats, VerifyReport};
+use idempotency_store::backend::Backend;
 use idempotency_store::http::tower::IdempotencyLayer;
 use idempotency_store::http::{HandleOptions, handle, problem_type};
-use idempotency_store::metrics::Metrics;
 use idempotency_store::{
-    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordView,
-    Response, Result, Store, Timestamp,
+    Error, IdempotencyStore, Key, Lease, ManualClock, Result, Store, Timestamp,
 };
 use tower::ServiceExt;
 
@@ -128,9 +129,8 @@ fn waiters_do_not_starve_the_holder() {
 /// slot, and none of their keys is touched.
 #[test]
 fn overload_is_answered_503_and_leaves_the_key_alone() {
-    let store: Arc<dyn IdempotencyStore> =
-        Arc::new(Store::builder().open_in_memory().expect("store"));
-    let slow = Arc::new(Slow(Arc::clone(&store)));
+    let store = Arc::new(Store::builder().open_in_memory().expect("store"));
+    let slow = Arc::new(slow(Arc::clone(&store)));
     let runs = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::shared(slow, HandleOptions::new())
         .max_blocking(1)
@@ -174,52 +174,11 @@ fn overload_is_answered_503_and_leaves_the_key_alone() {
 }
 
 /// A store whose claims take 200 ms: the layer's one slot is busy that long.
-struct Slow(Arc<dyn IdempotencyStore>);
-
-impl IdempotencyStore for Slow {
-    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
+fn slow(store: Arc<Store>) -> Faulty<Arc<Store>> {
+    Faulty::new(store).claims(|inner, key, fingerprint, id| {
         std::thread::sleep(Duration::from_millis(200));
-        self.0.claim(key, fingerprint)
-    }
-    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
-        self.0.complete(lease, response)
-    }
-    fn release(&self, lease: &Lease) -> Result<()> {
-        self.0.release(lease)
-    }
-    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
-        self.0.heartbeat(lease)
-    }
-    fn checkpoint(&self, lease: &mut Lease, state: Vec<u8>) -> Result<()> {
-        self.0.checkpoint(lease, state)
-    }
-    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.0.lookup(key)
-    }
-    fn sweep(&self, limit: usize) -> Result<usize> {
-        self.0.sweep(limit)
-    }
-    fn verify(&self) -> Result<VerifyReport> {
-        self.0.verify()
-    }
-    fn stats(&self) -> Result<Stats> {
-        self.0.stats()
-    }
-    fn now(&self) -> Result<Timestamp> {
-        self.0.now()
-    }
-    fn metrics(&self) -> Metrics {
-        self.0.metrics()
-    }
-    fn records(&self) -> Result<Records<'_>> {
-        self.0.records()
-    }
-    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.0.inspect(key)
-    }
-    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
-        self.0.force_release(key)
-    }
+        Backend::claim(inner, key, fingerprint, id)
+    })
 }
 
 const LIMIT: usize = 1024;
@@ -347,90 +306,43 @@ fn an_oversize_answer_is_replaced_and_never_rerun_by_handle() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// A store whose first claim and first completion land and then fail as a lost connection
-/// would (`outcome_unknown`): the layer makes each call once more with the same claim id and
-/// the same lease, which settles what the first one did.
-struct LosesAnswers {
-    inner: Store,
-    lose_claim: std::sync::atomic::AtomicBool,
-    lose_complete: std::sync::atomic::AtomicBool,
+/// A store whose first claim with a claim id and first completion land and then fail as a
+/// lost connection would (`outcome_unknown`): the layer makes each call once more with the
+/// same claim id and the same lease, which settles what the first one did.
+fn loses_answers(inner: Store) -> Faulty<Store> {
+    let (lose_claim, lose_complete) = (AtomicBool::new(true), AtomicBool::new(true));
+    Faulty::new(inner)
+        .claims(move |inner, key, fingerprint, id| {
+            let landed = Backend::claim(inner, key, fingerprint, id);
+            if id.is_some() {
+                return lost(&lose_claim, landed);
+            }
+            landed
+        })
+        .completes(move |inner, lease, response| {
+            let done = lost(&lose_complete, Backend::complete(inner, lease, response));
+            if done.is_err() {
+                // What the backend does when it sees the error itself.
+                lease.mark_in_doubt();
+            }
+            done
+        })
 }
 
-impl LosesAnswers {
-    fn lost<T>(flag: &std::sync::atomic::AtomicBool, landed: Result<T>) -> Result<T> {
-        if flag.swap(false, Ordering::SeqCst) {
-            landed?;
-            return Err(Error::storage_for_tests("the connection was lost"));
-        }
-        landed
+/// `landed`, or the first time (while `flag` is set) a lost answer after it landed.
+fn lost<T>(flag: &AtomicBool, landed: Result<T>) -> Result<T> {
+    if flag.swap(false, Ordering::SeqCst) {
+        landed?;
+        return Err(Error::storage_for_tests("the connection was lost"));
     }
-}
-
-impl IdempotencyStore for LosesAnswers {
-    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
-        self.inner.claim(key, fingerprint)
-    }
-    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
-        Self::lost(
-            &self.lose_claim,
-            self.inner.claim_with_id(key, fingerprint, id),
-        )
-    }
-    fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
-        let done = Self::lost(&self.lose_complete, self.inner.complete(lease, response));
-        if done.is_err() {
-            // What the backend does when it sees the error itself.
-            lease.mark_in_doubt();
-        }
-        done
-    }
-    fn release(&self, lease: &Lease) -> Result<()> {
-        self.inner.release(lease)
-    }
-    fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
-        self.inner.heartbeat(lease)
-    }
-    fn checkpoint(&self, lease: &mut Lease, state: Vec<u8>) -> Result<()> {
-        self.inner.checkpoint(lease, state)
-    }
-    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.inner.lookup(key)
-    }
-    fn sweep(&self, limit: usize) -> Result<usize> {
-        self.inner.sweep(limit)
-    }
-    fn verify(&self) -> Result<VerifyReport> {
-        self.inner.verify()
-    }
-    fn stats(&self) -> Result<Stats> {
-        self.inner.stats()
-    }
-    fn now(&self) -> Result<Timestamp> {
-        self.inner.now()
-    }
-    fn metrics(&self) -> Metrics {
-        self.inner.metrics()
-    }
-    fn records(&self) -> Result<Records<'_>> {
-        self.inner.records()
-    }
-    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.inner.inspect(key)
-    }
-    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
-        self.inner.force_release(key)
-    }
+    landed
 }
 
 /// A lost answer to the claim and to the completion: the client still gets the handler's
 /// 201 from one run (not a 409 for its own key, nor a 500), and its retry the replay.
 #[test]
 fn lost_answers_are_settled_by_the_layer() {
-    let store = LosesAnswers {
-        inner: Store::builder().open_in_memory().expect("store"),
-        lose_claim: true.into(),
-        lose_complete: true.into(),
-    };
+    let store = loses_answers(Store::builder().open_in_memory().expect("store"));
     let runs = Arc::new(AtomicUsize::new(0));
     let router = payments(
         IdempotencyLayer::new(store, HandleOptions::new()),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{
     Claim, Error, Fingerprint, Key, Lease, ManualClock, RecordState, Response, Result, Store,
     Timestamp,
@@ -150,7 +151,7 @@ fn fencing_rejects_the_old_holder_and_changes_nothing() -> Result<()> {
     assert!(matches!(store.release(&a), Err(Error::LeaseLost)));
     assert!(matches!(store.heartbeat(&mut a), Err(Error::LeaseLost)));
     assert!(matches!(
-        store.checkpoint(&mut a, "x"),
+        store.checkpoint(&mut a, b"x".to_vec()),
         Err(Error::LeaseLost)
     ));
     assert_eq!(
@@ -313,7 +314,7 @@ fn lookup_reports_the_record_view() -> Result<()> {
     let key = Key::new("k")?;
     assert_eq!(store.lookup(&key)?, None);
     let mut lease = acquire(&store, &key, fp("a"));
-    store.checkpoint(&mut lease, "step-1")?;
+    store.checkpoint(&mut lease, b"step-1".to_vec())?;
     let view = store.lookup(&key)?.expect("record");
     assert_eq!(view.fingerprint, fp("a"));
     assert_eq!(view.attempt, 1);

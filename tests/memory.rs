@@ -16,6 +16,7 @@
 use std::process::Command;
 use std::sync::Arc;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Fingerprint, Key, Response, Result, Store};
 
 const THREADS: usize = 64;

@@ -9,6 +9,7 @@
 use std::sync::Barrier;
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::ManualClock;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};

@@ -23,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::http::problem_type;
 use idempotency_store::redb::{self, ReadableTable};
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_store::IdempotencyStore;
-use idempotency_store::{Claim, Durability, Key, ManualClock, Result, Store, Timestamp};
+use idempotency_store::{Claim, Key, ManualClock, Recovery, Result, Store, Timestamp};
 
 mod acks;
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
@@ -154,11 +154,11 @@ impl Rng {
     }
 }
 
-fn open(backend: SimBackend, clock: &ManualClock, durability: Durability) -> Result<Store> {
+fn open(backend: SimBackend, clock: &ManualClock, durability: Recovery) -> Result<Store> {
     Store::builder()
         .retention(RETENTION)
         .lease(Duration::from_secs(30))
-        .durability(durability)
+        .recovery(durability)
         .max_batch(16)
         // A small log, so that checkpoints (durable redb commits) happen every few dozen
         // batches and the cuts land in them as well as in log writes.
@@ -209,7 +209,7 @@ fn step(store: &Store, acks: &Mutex<Acks>, name: &str, i: usize) -> Result<()> {
     Ok(())
 }
 
-fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
+fn run(durability: Recovery, iterations: usize, seed: u64) -> Result<()> {
     let mut rng = Rng(seed);
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let acks = Mutex::new(Acks::default());
@@ -259,10 +259,10 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
 
 #[test]
 fn power_loss_keeps_every_acknowledged_result_immediate() -> Result<()> {
-    run(Durability::Immediate, 150, 0x1234_5678_9abc_def1)
+    run(Recovery::FullRepair, 150, 0x1234_5678_9abc_def1)
 }
 
 #[test]
 fn power_loss_keeps_every_acknowledged_result_quick_repair() -> Result<()> {
-    run(Durability::QuickRepair, 150, 0x0fed_cba9_8765_4321)
+    run(Recovery::QuickRepair, 150, 0x0fed_cba9_8765_4321)
 }

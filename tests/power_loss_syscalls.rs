@@ -38,8 +38,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{
-    Claim, Durability, Key, ManualClock, Result, Store, StoreBuilder, Timestamp,
+    Claim, Key, ManualClock, Recovery, Result, Store, StoreBuilder, Timestamp,
 };
 
 mod syscalls;
@@ -69,7 +70,7 @@ struct Workload {
     threads: usize,
     keys: usize,
     log_size: u64,
-    durability: Durability,
+    durability: Recovery,
     /// A store with a quota: its batches write redb's tables directly and sync the file.
     quota: bool,
     /// Close and reopen the store halfway (crash points then land in a recovery too).
@@ -87,7 +88,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 8,
         keys: 10,
         log_size: 64 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: false,
         portable: false,
@@ -100,7 +101,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 2,
         keys: 40,
         log_size: 16 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: true,
         portable: false,
@@ -111,7 +112,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 2,
         keys: 30,
         log_size: 16 << 10,
-        durability: Durability::QuickRepair,
+        durability: Recovery::QuickRepair,
         quota: false,
         reopen: true,
         portable: false,
@@ -122,7 +123,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 4,
         keys: 8,
         log_size: 32 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: false,
         portable: false,
@@ -133,7 +134,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 4,
         keys: 10,
         log_size: 32 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: false,
         portable: false,
@@ -144,7 +145,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 4,
         keys: 10,
         log_size: 32 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: true,
         reopen: false,
         portable: false,
@@ -156,7 +157,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 8,
         keys: 10,
         log_size: 64 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: false,
         portable: true,
@@ -167,7 +168,7 @@ const WORKLOADS: [Workload; 8] = [
         threads: 2,
         keys: 40,
         log_size: 16 << 10,
-        durability: Durability::Immediate,
+        durability: Recovery::FullRepair,
         quota: false,
         reopen: true,
         portable: true,
@@ -182,7 +183,7 @@ fn builder(workload: &Workload, clock: &ManualClock) -> StoreBuilder {
         .lease(LEASE)
         .max_batch(32)
         .log_size(workload.log_size)
-        .durability(workload.durability)
+        .recovery(workload.durability)
         .portable_log_sync(workload.portable)
         .clock(clock.clone());
     if workload.quota {

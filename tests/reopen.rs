@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{
     Claim, Error, Fingerprint, Key, ManualClock, Response, Result, Store, Timestamp,
 };

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Fingerprint, Key, ManualClock, Store, Timestamp};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};

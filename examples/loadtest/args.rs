@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Parser};
-use idempotency_store::Durability;
+use idempotency_store::Recovery;
 
 use crate::Res;
 
@@ -32,7 +32,7 @@ pub(crate) struct Args {
     /// `--sweep-spread`: the prefill's clock runs (see the flag).
     pub(crate) sweep_spread: bool,
     /// `--recovery-child` only: the store file and its durability.
-    pub(crate) child: Option<(PathBuf, Durability)>,
+    pub(crate) child: Option<(PathBuf, Recovery)>,
     /// `--log-size`: the store's log in bytes (`StoreBuilder::log_size`); `None`, its default.
     pub(crate) log_size: Option<u64>,
     /// `--recorder`: a Prometheus recorder receives the `metrics` facade's values, as in a
@@ -139,8 +139,8 @@ pub(crate) fn parse_args() -> Args {
     let child = cli.recovery_child.map(|values| {
         let path = PathBuf::from(values.first().cloned().unwrap_or_default());
         let durability = match values.get(1).map(String::as_str) {
-            Some("quick-repair") => Durability::QuickRepair,
-            _ => Durability::Immediate,
+            Some("quick-repair") => Recovery::QuickRepair,
+            _ => Recovery::FullRepair,
         };
         (path, durability)
     });

@@ -20,7 +20,7 @@
 //! (`StoreBuilder::log_size`) instead of the store's default.
 //!
 //! `--recovery` runs a child that fills a store and aborts (no clean close), then times the
-//! first open after that crash, for each `Durability`.
+//! first open after that crash, for each `Recovery`.
 //!
 //! `outbox` is the client's (`idempotency_store::client`): a pair is `Outbox::begin` of a fresh
 //! operation (its key durable before it returns) and `Outbox::finish`, on a store of its own.

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use idempotency_store::{Durability, Store};
+use idempotency_store::IdempotencyStore;
+use idempotency_store::{Recovery, Store};
 use serde_json::Value;
 
 use crate::Res;
@@ -17,7 +18,7 @@ use crate::tools::{Out, Report, err, file_bytes, fresh_dir, key_name, num, obj};
 pub(crate) fn recovery_child(args: &Args, out: &Out) -> Res<Value> {
     let (path, durability) = args.child.clone().ok_or("--recovery-child needs a path")?;
     let store = Store::builder()
-        .durability(durability)
+        .recovery(durability)
         .open(&path)
         .map_err(|e| err("open", e))?;
     prefill_store(
@@ -41,8 +42,8 @@ pub(crate) fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> 
         .set("records", Value::from(n))
         .set("machine", machine_json());
     for (name, durability) in [
-        ("immediate", Durability::Immediate),
-        ("quick-repair", Durability::QuickRepair),
+        ("immediate", Recovery::FullRepair),
+        ("quick-repair", Recovery::QuickRepair),
     ] {
         let dir = fresh_dir(&base, name)?;
         let path = dir.path().join("store.redb");
@@ -59,7 +60,7 @@ pub(crate) fn recovery_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> 
         let open = || {
             let started = Instant::now();
             let store = Store::builder()
-                .durability(durability)
+                .recovery(durability)
                 .open(&path)
                 .map_err(|e| err("reopen", e))?;
             let took = started.elapsed();

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::Instant;
 
 use idempotency_store::client::Outbox;
-use idempotency_store::{Durability, IdempotencyStore};
+use idempotency_store::{IdempotencyStore, Recovery};
 use serde_json::Value;
 
 use crate::args::Args;
@@ -93,7 +93,7 @@ impl Runner<'_> {
                 let store = Arc::new(open_store(
                     dir.path(),
                     false,
-                    Durability::Immediate,
+                    Recovery::FullRepair,
                     self.args.log_size,
                 )?);
                 f(&OutboxSys {
@@ -111,9 +111,9 @@ impl Runner<'_> {
             }
             _ => {
                 let durability = if system == "store-quickrepair" {
-                    Durability::QuickRepair
+                    Recovery::QuickRepair
                 } else {
-                    Durability::Immediate
+                    Recovery::FullRepair
                 };
                 let nogc = system == "store-nogc";
                 if prefill {

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::Store;
 use serde_json::Value;
 

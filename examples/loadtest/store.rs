@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use idempotency_store::redb;
-use idempotency_store::{Claim, Durability, IdempotencyStore, Key, Response, Store};
+use idempotency_store::{Claim, IdempotencyStore, Key, Recovery, Response, Store};
 
 use crate::systems::{Client, Fresh, ReplaySet, System, fresh_for};
 use crate::tools::{Out, Rng, body, err, fingerprint_of};
@@ -101,11 +101,11 @@ impl Client for StoreClient<'_> {
 pub(crate) fn open_store(
     dir: &Path,
     nogc: bool,
-    durability: Durability,
+    durability: Recovery,
     log_size: Option<u64>,
 ) -> Res<Store> {
     let mut builder = Store::builder();
-    builder.durability(durability).effect_table(LEDGER);
+    builder.recovery(durability).effect_table(LEDGER);
     if nogc {
         builder.max_batch(1);
     }

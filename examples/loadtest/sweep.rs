@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, Store, Timestamp};
 use serde_json::Value;
 

@@ -140,7 +140,7 @@ pub struct EngineMetrics {
     pub sweeper_last_error: Option<String>,
 }
 
-/// The settling calls, for [`Counters::settled`].
+/// The settling calls, for [`Meter::settled`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
     Complete,
@@ -204,10 +204,19 @@ impl Buckets {
     }
 }
 
-/// The counters one store keeps; every update is one relaxed atomic add (and, with feature
-/// `metrics`, the same count published through the facade), on the calling thread's stripe.
+/// What one store counts of its calls, for [`IdempotencyStore::metrics`]: every update is one
+/// relaxed atomic add (and, with feature `metrics`, the same count published through the
+/// facade), on the calling thread's stripe. Each backend of this crate owns one and hands it
+/// out through [`Backend::meter`]; the counting itself is done once for every backend, by
+/// [`IdempotencyStore`]'s calls. It has no public constructor: a [`Backend`] outside this
+/// crate wraps one of this crate's stores and hands out that store's meter.
+///
+/// [`IdempotencyStore`]: crate::IdempotencyStore
+/// [`IdempotencyStore::metrics`]: crate::IdempotencyStore::metrics
+/// [`Backend`]: crate::backend::Backend
+/// [`Backend::meter`]: crate::backend::Backend::meter
 #[derive(Debug)]
-pub(crate) struct Counters {
+pub struct Meter {
     series: &'static CallSeries,
     show_keys: bool,
     /// The same counters several times over, each on cache lines of its own; a thread adds to
@@ -250,11 +259,11 @@ struct Cells {
     complete_latency: Buckets,
 }
 
-impl Counters {
+impl Meter {
     /// Zeroed counters for the backend whose calls `series` names; `show_keys`: whether its
     /// `tracing` events may show keys.
-    pub(crate) fn new(series: &'static CallSeries, show_keys: bool) -> Counters {
-        Counters {
+    pub(crate) fn new(series: &'static CallSeries, show_keys: bool) -> Meter {
+        Meter {
             series,
             show_keys,
             stripes: (0..STRIPES).map(|_| Cells::default()).collect(),
@@ -360,6 +369,11 @@ impl Counters {
         }
     }
 
+    /// The name of the backend these counters belong to (`redb`, `postgres`).
+    pub(crate) fn backend(&self) -> &'static str {
+        self.series.backend
+    }
+
     /// The counters now: every stripe's, summed.
     pub(crate) fn snapshot(&self) -> Metrics {
         let sum = |field: fn(&Cells) -> &AtomicU64| -> u64 {
@@ -427,7 +441,7 @@ mod tests {
             Error::storage("reading", std::io::Error::other("disk")),
             Error::Reentrant,
         ];
-        let counters = Counters::new(&REDB, false);
+        let counters = Meter::new(&REDB, false);
         let recorder = DebuggingRecorder::new();
         metrics::with_local_recorder(&recorder, || {
             for (times, err) in (1..).zip(&errors) {

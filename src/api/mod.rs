@@ -4,6 +4,7 @@
 
 pub(crate) mod backend;
 pub(crate) mod clock;
+pub(crate) mod execute;
 pub(crate) mod fingerprint;
 pub(crate) mod heartbeat;
 pub(crate) mod key;
@@ -17,4 +18,5 @@ pub(crate) mod report;
 pub(crate) mod response;
 pub(crate) mod series;
 pub(crate) mod settings;
+pub(crate) mod store;
 pub(crate) mod trace;

@@ -8,11 +8,14 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+use crate::api::metrics::{Call, Meter};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
+use crate::api::trace;
 use crate::error::Result;
 
 /// A store call's result on its way.
@@ -43,6 +46,9 @@ pub type Blocking = Arc<dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync>;
 /// [`close`](crate::Store::close) it may find that leader's share still there for a moment
 /// (dropping the store closes it too, without reporting a failed final merge).
 pub trait AsyncStore: Send + Sync {
+    /// Where the store these calls belong to counts its calls.
+    fn meter(&self) -> &Meter;
+
     /// [`IdempotencyStore::claim_with_id`](crate::IdempotencyStore::claim_with_id), awaited.
     /// A commit that needs a leader gets one through `blocking`.
     ///
@@ -72,4 +78,74 @@ pub trait AsyncStore: Send + Sync {
     /// # Errors
     /// As for `release`.
     fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()>;
+}
+
+/// A backend's own async calls ([`Backend::nonblocking`](crate::backend::Backend::nonblocking)),
+/// counted in its meter like the blocking calls: what
+/// [`IdempotencyStore::nonblocking`](crate::IdempotencyStore::nonblocking) hands out, for every
+/// backend that has such calls.
+pub(crate) struct Counted(pub(crate) Arc<dyn AsyncStore>);
+
+impl Counted {
+    /// `done`, a settling call's future, counted as `call` once it is ready.
+    fn settling<'a>(
+        &'a self,
+        call: Call,
+        started: Instant,
+        done: StoreFuture<'a, ()>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let result = done.await;
+            self.meter().settled(call, &result, started);
+            result
+        })
+    }
+}
+
+impl AsyncStore for Counted {
+    fn meter(&self) -> &Meter {
+        self.0.meter()
+    }
+
+    fn claim_with_id<'a>(
+        &'a self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        id: ClaimId,
+        blocking: &Blocking,
+    ) -> StoreFuture<'a, Claim> {
+        let started = Instant::now();
+        let claim = {
+            let _span = trace::enter!("claim", self.meter().backend());
+            self.0.claim_with_id(key, fingerprint, id, blocking)
+        };
+        Box::pin(async move {
+            let result = claim.await;
+            self.meter().claimed(&result, started);
+            result
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        response: Response,
+        blocking: &Blocking,
+    ) -> StoreFuture<'a, ()> {
+        let started = Instant::now();
+        let done = {
+            let _span = trace::enter!("complete", self.meter().backend());
+            self.0.complete(lease, response, blocking)
+        };
+        self.settling(Call::Complete, started, done)
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()> {
+        let started = Instant::now();
+        let done = {
+            let _span = trace::enter!("release", self.meter().backend());
+            self.0.release(lease, blocking)
+        };
+        self.settling(Call::Release, started, done)
+    }
 }

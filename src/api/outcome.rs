@@ -7,7 +7,7 @@ use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::response::Response;
 
-/// The outcome of [`Store::claim`](crate::Store::claim). Every variant is an expected answer;
+/// The outcome of [`IdempotencyStore::claim`](crate::IdempotencyStore::claim). Every variant is an expected answer;
 /// match all of them.
 ///
 /// | variant | meaning | what an HTTP service does |
@@ -59,8 +59,8 @@ impl Claim {
 
 /// Proof that the holder may run the operation for one key, until the lease lapses.
 ///
-/// Settle it with [`Store::complete`](crate::Store::complete) or
-/// [`Store::release`](crate::Store::release). Dropping a lease without settling it leaves the
+/// Settle it with [`IdempotencyStore::complete`](crate::IdempotencyStore::complete) or
+/// [`IdempotencyStore::release`](crate::IdempotencyStore::release). Dropping a lease without settling it leaves the
 /// record in progress until the lease lapses, after which a retry takes it over (with the last
 /// [`checkpoint`](Lease::checkpoint)). There is deliberately no release-on-drop: after a panic
 /// in the middle of a payment, running it again blindly is the wrong default.
@@ -152,7 +152,7 @@ impl Lease {
         self.attempt
     }
 
-    /// When this lease lapses unless extended with [`Store::heartbeat`](crate::Store::heartbeat).
+    /// When this lease lapses unless extended with [`IdempotencyStore::heartbeat`](crate::IdempotencyStore::heartbeat).
     #[must_use]
     pub fn lease_until(&self) -> Timestamp {
         self.lease_until
@@ -182,7 +182,7 @@ impl Lease {
     }
 
     /// The last recovery point stored for this operation: on a takeover, the previous
-    /// attempt's; after [`Store::checkpoint`](crate::Store::checkpoint), this lease's own.
+    /// attempt's; after [`IdempotencyStore::checkpoint`](crate::IdempotencyStore::checkpoint), this lease's own.
     #[must_use]
     pub fn checkpoint(&self) -> Option<&[u8]> {
         self.checkpoint.as_deref()
@@ -241,7 +241,7 @@ pub struct Replay {
     pub attempt: u32,
 }
 
-/// The result of [`Store::execute`](crate::Store::execute).
+/// The result of [`IdempotencyStore::execute`](crate::IdempotencyStore::execute).
 #[must_use = "the outcome says whether the operation ran"]
 #[derive(Debug)]
 #[non_exhaustive]
@@ -266,7 +266,7 @@ pub enum Outcome<E> {
     Failed(E),
 }
 
-/// A record as [`Store::lookup`](crate::Store::lookup) sees it.
+/// A record as [`IdempotencyStore::lookup`](crate::IdempotencyStore::lookup) sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordView {
@@ -330,7 +330,7 @@ pub enum RecordState {
     },
 }
 
-/// What [`Store::force_release`](crate::IdempotencyStore::force_release) did.
+/// What [`IdempotencyStore::force_release`](crate::IdempotencyStore::force_release) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForceRelease {

@@ -4,7 +4,7 @@
 use crate::api::key::Key;
 use crate::api::outcome::RecordView;
 
-/// What [`Store::verify`](crate::Store::verify) found.
+/// What [`IdempotencyStore::verify`](crate::IdempotencyStore::verify) found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerifyReport {
@@ -24,7 +24,7 @@ impl VerifyReport {
     }
 }
 
-/// Counts from [`Store::stats`](crate::Store::stats).
+/// Counts from [`IdempotencyStore::stats`](crate::IdempotencyStore::stats).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {

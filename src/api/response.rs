@@ -88,7 +88,7 @@ impl Response {
     /// What is stored instead of a response larger than the store keeps
     /// (`max_response_bytes`) once the operation has run: a 500
     /// `application/problem+json` that says so, replayed to every retry, so that the
-    /// operation is never run again for the key. [`Store::execute`](crate::Store::execute) and
+    /// operation is never run again for the key. [`IdempotencyStore::execute`](crate::IdempotencyStore::execute) and
     /// the HTTP flow store it; `size` and `limit` are those of
     /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge).
     #[must_use]

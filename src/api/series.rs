@@ -53,7 +53,7 @@ macro_rules! series {
 /// The kinds of error counted (the fields of `ErrorCounts`).
 pub(crate) const ERROR_KINDS: usize = 7;
 
-/// The series of the calls both backends count (`Counters` in `metrics.rs`), for one backend.
+/// The series of the calls both backends count (`Meter` in `metrics.rs`), for one backend.
 #[derive(Debug)]
 pub(crate) struct CallSeries {
     /// The backend: `"redb"` or `"postgres"`.

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 /// (written once for both), and their stores return it from `settings()`:
 ///
 /// ```
+/// use idempotency_store::IdempotencyStore;
 /// use idempotency_store::Store;
 /// use std::time::Duration;
 ///

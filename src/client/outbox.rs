@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::api::backend::IdempotencyStore;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::outcome::{Claim, ClaimId, RecordState, RecordView};
 use crate::api::response::Response;
+use crate::api::store::IdempotencyStore;
 use crate::client::intent::{Begun, Intent, Pending, Sent, State};
 use crate::error::{Error, Result};
 use crate::store::Store;

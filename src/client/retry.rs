@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::api::backend::IdempotencyStore;
 use crate::api::clock::Timestamp;
 use crate::api::response::Response;
+use crate::api::store::IdempotencyStore;
 use crate::client::intent::{Intent, Sent};
 use crate::client::outbox::Outbox;
 use crate::error::Result;

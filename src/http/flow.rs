@@ -14,17 +14,17 @@ use super::view::RequestView;
 use super::{
     IDEMPOTENCY_KEY, KeyError, Problem, from_http, key_from_headers, problem_type, replay, to_http,
 };
-use crate::api::execute::once_more;
-use crate::api::store::IdempotencyStore;
 use crate::api::clock::Clock;
 use crate::api::clock::SystemClock;
 use crate::api::clock::Timestamp;
+use crate::api::execute::once_more;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 #[cfg(any(feature = "tower", feature = "actix"))]
 use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
+use crate::api::store::IdempotencyStore;
 use crate::error::Error;
 
 type Answer = ::http::Response<Vec<u8>>;

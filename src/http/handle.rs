@@ -9,9 +9,9 @@ use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 use super::prefer;
 use super::view::RequestView;
-use crate::api::store::IdempotencyStore;
 use crate::api::heartbeat;
 use crate::api::outcome::Lease;
+use crate::api::store::IdempotencyStore;
 
 /// Runs `handler` at most once per idempotency key and answers every retry with its answer.
 ///

@@ -114,7 +114,7 @@ pub enum Decision {
 
 /// Maps a claim to the IETF draft's answers: [`Claim::Acquired`] → [`Decision::Run`];
 /// [`Claim::Completed`] → the [`replay`]; [`Claim::InProgress`] → 409 with `Retry-After`
-/// counted from `now` (pass [`Store::now`](crate::IdempotencyStore::now)); [`Claim::Mismatch`] → 422.
+/// counted from `now` (pass [`IdempotencyStore::now`](crate::IdempotencyStore::now)); [`Claim::Mismatch`] → 422.
 ///
 /// # Errors
 /// [`InvalidResponse`] if the stored response of a replay cannot be sent over HTTP (answer

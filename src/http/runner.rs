@@ -23,10 +23,10 @@ use super::flow::{self, Decided, Settling, Ticket};
 use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 use super::{Problem, problem_type};
-use crate::api::store::IdempotencyStore;
 use crate::api::heartbeat;
 use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, Lease};
+use crate::api::store::IdempotencyStore;
 
 type Answer = ::http::Response<Vec<u8>>;
 

@@ -122,8 +122,8 @@ use super::prefer;
 use super::runner::{Claimed, Runner, unreadable};
 use super::view::RequestView;
 use super::{IDEMPOTENCY_KEY, Problem};
-use crate::api::store::IdempotencyStore;
 use crate::api::outcome::Lease;
+use crate::api::store::IdempotencyStore;
 
 /// A [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) that makes the services
 /// it wraps idempotent; see the module docs.

@@ -1,5 +1,5 @@
-//! Operator tools on PostgreSQL, as on the redb store: walking every record, reading a record
-//! whatever its expiry, and releasing a stuck key without its lease. The `idempotency-store`
+//! Operator tools on PostgreSQL, as on the redb store: walking every record and releasing a
+//! stuck key without its lease. The `idempotency-store`
 //! CLI is built on these.
 
 use ::postgres::Row;
@@ -8,14 +8,14 @@ use super::PgStore;
 use super::lock::{after_lock, key_lock};
 use super::rows::{RECORD_COLUMNS, col, parts, pg, record_from};
 use super::typed::Query;
-#[cfg(doc)]
-use crate::api::backend::IdempotencyStore;
+use crate::api::backend::Backend;
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
-use crate::api::outcome::{ForceRelease, RecordState, RecordView};
-use crate::api::record::Record;
+use crate::api::outcome::{ForceRelease, RecordState};
 use crate::api::records::Records;
 use crate::api::report::StoredRecord;
+#[cfg(doc)]
+use crate::api::store::IdempotencyStore;
 use crate::error::{Error, Result};
 
 /// Records fetched per round trip by the walk.
@@ -91,7 +91,7 @@ impl Walk<'_> {
 
 impl PgStore {
     /// Every record, expired ones included, in key order.
-    pub(super) fn records(&self) -> Records<'_> {
+    pub(super) fn walk(&self) -> Records<'_> {
         Records::new(Walk {
             store: self,
             after: Some((String::new(), String::new())),
@@ -116,22 +116,8 @@ impl PgStore {
         format!("\"{}\".idempotency_keys", self.settings.schema)
     }
 
-    /// The key's record, expired or not.
-    pub(super) fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        self.check_key(key)?;
-        let (scope, name) = parts(key);
-        let now = self.now_param();
-        self.with_conn(|client, st| {
-            let row = st
-                .select
-                .query_one(client, &[&now, &scope, &name])
-                .map_err(|e| pg("reading a record", e))?;
-            Ok(record_from(&row, 1)?.map(Record::into_view))
-        })
-    }
-
     /// Deletes the key's in-progress, unexpired record without its lease.
-    pub(super) fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+    pub(super) fn release_stuck(&self, key: &Key) -> Result<ForceRelease> {
         self.check_key(key)?;
         let (scope, name) = parts(key);
         let sql = Query::new(format!(
@@ -161,7 +147,7 @@ impl PgStore {
                 });
             }
             let now = self.read_now()?;
-            match self.inspect(key)? {
+            match Backend::read(self, key, true)? {
                 Some(record) if record.expires_at <= now => return Ok(ForceRelease::NotFound),
                 None => return Ok(ForceRelease::NotFound),
                 Some(record) if matches!(record.state, RecordState::Completed { .. }) => {

@@ -15,7 +15,7 @@ use super::rows::{capped, pg};
 use super::sql::Sql;
 use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sync_wait, tls};
 use crate::api::clock::{Clock, millis};
-use crate::api::metrics::Counters;
+use crate::api::metrics::Meter;
 use crate::api::series;
 use crate::api::settings::{Settings, invalid_config};
 use crate::api::trace;
@@ -244,7 +244,7 @@ impl PgStoreBuilder {
             high_water: AtomicU64::new(0),
             limits,
             failover,
-            metrics: Counters::new(&series::POSTGRES, self.shared.trace_keys),
+            meter: Meter::new(&series::POSTGRES, self.shared.trace_keys),
         })
     }
 

@@ -1,25 +1,33 @@
-//! The store's calls, unmetered (`metrics.rs` counts them): the [`IdempotencyStore`]
-//! operations, with the fenced writes and the settlement check of `complete` and `release`.
+//! `PgStore`'s operations: its [`Backend`] implementation, which makes it an
+//! [`IdempotencyStore`] (the counting and spans come from there), with the fenced writes and
+//! the settlement check of `complete` and `release`. The walk over every record and the
+//! forced release are in `admin.rs`.
 
 use ::postgres::types::ToSql;
 use ::postgres::{GenericClient, IsolationLevel, Row};
 
 use super::lock::DURABLE;
-use super::metrics::Unmetered;
 use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
 use super::sql::{Sql, VERIFY_BATCH};
 use super::typed::Query;
 use super::{PgStore, quota};
-#[cfg(doc)]
-use crate::api::backend::IdempotencyStore;
-use crate::api::backend::SWEEP_BATCH;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::backend::{Backend, SWEEP_BATCH, Swept, poll_claim_wait};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::outcome::{Claim, ClaimId, Lease, RecordView};
+use crate::api::metrics::{EngineMetrics, Meter};
+use crate::api::nonblocking::AsyncStore;
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
 use crate::api::record::Record;
+use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
+use crate::api::settings::Settings;
+#[cfg(doc)]
+use crate::api::store::IdempotencyStore;
 use crate::error::{Error, Result};
 
 /// Records one sweep statement deletes at most ([`SWEEP_BATCH`]): it holds one advisory lock
@@ -107,17 +115,36 @@ pub(super) fn replicated(client: &mut impl GenericClient) -> Result<()> {
     Ok(())
 }
 
-impl Unmetered for PgStore {
+impl Backend for PgStore {
+    fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    fn settings(&self) -> &Settings {
+        &self.settings.shared
+    }
+
     fn now(&self) -> Result<Timestamp> {
         PgStore::read_now(self)
     }
 
-    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
-        self.claim_as(key, fingerprint, None)
+    fn claim(&self, key: &Key, fingerprint: Fingerprint, id: Option<ClaimId>) -> Result<Claim> {
+        self.claim_as(key, fingerprint, id)
     }
 
-    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
-        self.claim_as(key, fingerprint, Some(id))
+    /// Shared by several processes, a settling call elsewhere cannot wake this one: it polls.
+    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
+        poll_claim_wait(self, key, fingerprint, timeout, &self.meter)
+    }
+
+    /// Every answer is a round trip: nothing is kept.
+    fn cached_replay(&self, _key: &Key, _fingerprint: Fingerprint) -> Option<Replay> {
+        None
+    }
+
+    /// The sync client has no async form: callers use the blocking calls.
+    fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
+        None
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
@@ -161,7 +188,7 @@ impl Unmetered for PgStore {
         Ok(())
     }
 
-    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
+    fn read(&self, key: &Key, expired: bool) -> Result<Option<RecordView>> {
         self.check_key(key)?;
         let (scope, name) = parts(key);
         let now = self.now_param();
@@ -172,18 +199,19 @@ impl Unmetered for PgStore {
                 .map_err(|e| pg("reading a record", e))?;
             let db_now = Timestamp::from_millis(millis_col(&row, 0)?);
             Ok(record_from(&row, 1)?
-                .filter(|r| !r.is_expired(db_now))
+                .filter(|r| expired || !r.is_expired(db_now))
                 .map(Record::into_view))
         })
     }
 
-    fn sweep(&self, limit: usize) -> Result<usize> {
-        if limit == 0 {
-            return Ok(0);
-        }
+    fn sweep(&self, limit: usize) -> Result<Swept> {
+        let mut swept = Swept {
+            deleted: 0,
+            more: limit > 0,
+        };
         self.with_conn(|client, st| {
-            let mut deleted = 0;
-            while deleted < limit {
+            while swept.more && swept.deleted < limit {
+                let deleted = swept.deleted;
                 let chunk = (limit - deleted).min(SWEEP_STATEMENT);
                 let now = self.now_param();
                 let row = st
@@ -192,13 +220,11 @@ impl Unmetered for PgStore {
                     .map_err(|e| pg("sweeping expired records", e))?;
                 let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
                 let (gone, candidates) = (count(0)?, count(1)?);
-                deleted += gone;
+                swept.deleted += gone;
                 // Fewer candidates: none left. None deleted: every one is being claimed.
-                if candidates < chunk || gone == 0 {
-                    break;
-                }
+                swept.more = candidates == chunk && gone > 0;
             }
-            Ok(deleted)
+            Ok(swept)
         })
     }
 
@@ -267,5 +293,18 @@ impl Unmetered for PgStore {
                 file_bytes: Some(count(4)?),
             })
         })
+    }
+
+    fn records(&self) -> Result<Records<'_>> {
+        Ok(self.walk())
+    }
+
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        self.release_stuck(key)
+    }
+
+    /// No engine of its own: the server's figures are the server's.
+    fn engine_metrics(&self) -> Option<EngineMetrics> {
+        None
     }
 }

@@ -9,15 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ::postgres::Client;
 
 #[cfg(doc)]
-use crate::api::backend::{IdempotencyStore, SWEEP_BATCH};
+use crate::api::backend::SWEEP_BATCH;
 #[cfg(doc)]
 use crate::api::clock::Clock;
 use crate::api::clock::Timestamp;
 use crate::api::key::Key;
-use crate::api::metrics::Counters;
+use crate::api::metrics::Meter;
 #[cfg(doc)]
 use crate::api::outcome::Claim;
-use crate::api::settings::Settings;
+#[cfg(doc)]
+use crate::api::store::IdempotencyStore;
 use crate::error::{Error, Result};
 pub use builder::PgStoreBuilder;
 use conn::Manager;
@@ -37,7 +38,6 @@ mod claim;
 mod conn;
 mod effects;
 mod lock;
-mod metrics;
 mod migrations;
 mod quota;
 mod replication;
@@ -240,7 +240,7 @@ pub struct PgStore {
     /// The server's failover safety when the store connected.
     failover: FailoverSafety,
     /// What this store has done, for its `metrics`.
-    metrics: Counters,
+    meter: Meter,
 }
 
 impl Drop for PgStore {
@@ -260,12 +260,6 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// The settings this store shares with every backend, as it was connected with them.
-    #[must_use]
-    pub fn settings(&self) -> &Settings {
-        &self.settings.shared
-    }
-
     /// The store's current time: the injected clock's (never going backwards), or else the
     /// database server's.
     fn read_now(&self) -> Result<Timestamp> {

@@ -6,7 +6,6 @@ use std::marker::PhantomData;
 
 use crate::api::key::Key;
 use crate::api::outcome::ForceRelease;
-use crate::api::outcome::RecordView;
 use crate::api::record::Record;
 use crate::api::records::Records;
 use crate::api::report::StoredRecord;
@@ -62,11 +61,6 @@ pub(super) fn records(store: &Store) -> Result<Records<'_>> {
         range: Some(range),
         _store: PhantomData,
     }))
-}
-
-/// The key's record, expired or not.
-pub(super) fn inspect(store: &Store, key: &Key) -> Result<Option<RecordView>> {
-    Ok(store.read(key)?.map(Record::into_view))
 }
 
 /// Deletes the key's in-progress record without its lease, in one durable write, and wakes

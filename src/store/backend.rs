@@ -1,58 +1,50 @@
-//! The redb [`Store`] as an [`IdempotencyStore`]: the request path forwards to the inherent
-//! methods; the operator calls, which only the trait offers, are in `admin.rs` and `metrics.rs`.
+//! The redb [`Store`]'s operations: its [`Backend`] implementation, which makes it an
+//! [`IdempotencyStore`](crate::IdempotencyStore) (the counting and spans come from there).
+//! The operator calls' bodies are in `admin.rs`, `maintenance.rs` and `sweep.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::backend::IdempotencyStore;
+use crate::api::backend::{Backend, Swept};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::metrics::Metrics;
+use crate::api::metrics::{EngineMetrics, Meter};
 use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
+use crate::api::record::Record;
 use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
+use crate::api::settings::Settings;
+use crate::engine::ops::{Checkpoint, Heartbeat};
 use crate::error::Result;
 use crate::store::nonblocking::Nonblocking;
-use crate::store::{Store, admin, metrics};
+use crate::store::{Store, admin, metrics, release_write};
 
-impl IdempotencyStore for Store {
-    fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim> {
-        Store::claim(self, key, fingerprint)
+impl Backend for Store {
+    fn meter(&self) -> &Meter {
+        &self.meter
     }
 
-    fn claim_with_id(&self, key: &Key, fingerprint: Fingerprint, id: ClaimId) -> Result<Claim> {
-        Store::claim_with_id(self, key, fingerprint, id)
-    }
-
-    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
-        Store::claim_wait(self, key, fingerprint, timeout)
-    }
-
-    fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
-        Store::cached_replay(self, key, fingerprint)
+    fn settings(&self) -> &Settings {
+        &self.config.settings
     }
 
     fn now(&self) -> Result<Timestamp> {
         Ok(self.engine.now())
     }
 
-    fn metrics(&self) -> Metrics {
-        metrics::snapshot(self)
+    fn claim(&self, key: &Key, fingerprint: Fingerprint, id: Option<ClaimId>) -> Result<Claim> {
+        self.claim_as(key, fingerprint, id, None)
     }
 
-    fn records(&self) -> Result<Records<'_>> {
-        admin::records(self)
+    fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
+        self.wait_for(key, fingerprint, timeout)
     }
 
-    fn inspect(&self, key: &Key) -> Result<Option<RecordView>> {
-        admin::inspect(self, key)
-    }
-
-    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
-        admin::force_release(self, key)
+    fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
+        self.replays.get(key, fingerprint, self.engine.now())
     }
 
     fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>> {
@@ -60,38 +52,67 @@ impl IdempotencyStore for Store {
     }
 
     fn complete(&self, lease: &Lease, response: Response) -> Result<()> {
-        Store::complete(self, lease, response)
+        let done = self
+            .complete_write(lease, response)
+            .and_then(|write| self.engine.write(write));
+        self.settled(lease, done)
     }
 
     fn release(&self, lease: &Lease) -> Result<()> {
-        Store::release(self, lease)
+        let done = self.engine.write(release_write(lease));
+        self.settled(lease, done)
     }
 
     fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp> {
-        Store::heartbeat(self, lease)
+        let until = self.engine.write(Heartbeat {
+            key: lease.key.clone(),
+            token: lease.token,
+        })?;
+        lease.lease_until = until;
+        Ok(until)
     }
 
     fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()> {
-        Store::checkpoint(self, lease, data)
+        self.check_size(data.len())?;
+        self.engine.write(Checkpoint {
+            key: lease.key.clone(),
+            token: lease.token,
+            data: data.clone(),
+        })?;
+        lease.checkpoint = Some(data);
+        Ok(())
     }
 
-    fn lookup(&self, key: &Key) -> Result<Option<RecordView>> {
-        Store::lookup(self, key)
+    fn read(&self, key: &Key, expired: bool) -> Result<Option<RecordView>> {
+        self.check_key(key)?;
+        let now = self.engine.now();
+        Ok(self
+            .stored(key)?
+            .filter(|r| expired || !r.is_expired(now))
+            .map(Record::into_view))
     }
 
-    fn sweep(&self, limit: usize) -> Result<usize> {
-        Store::sweep(self, limit)
-    }
-
-    fn sweep_all(&self) -> Result<u64> {
-        Store::sweep_all(self)
+    fn sweep(&self, limit: usize) -> Result<Swept> {
+        self.sweep_round(limit)
     }
 
     fn verify(&self) -> Result<VerifyReport> {
-        Store::verify(self)
+        self.check_tables()
     }
 
     fn stats(&self) -> Result<Stats> {
-        Store::stats(self)
+        self.count_records()
+    }
+
+    fn records(&self) -> Result<Records<'_>> {
+        admin::records(self)
+    }
+
+    fn force_release(&self, key: &Key) -> Result<ForceRelease> {
+        admin::force_release(self, key)
+    }
+
+    fn engine_metrics(&self) -> Option<EngineMetrics> {
+        Some(metrics::engine(self))
     }
 }

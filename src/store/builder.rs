@@ -15,21 +15,23 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::store::Store;
 
-/// How a write call's commit reaches the disk before the call returns.
+/// How the store's merges commit, and so what the first open after a crash repairs.
 ///
-/// Both settings make every acknowledged write survive a process crash and a power loss; they
-/// differ in the cost of a commit and of the first open after a crash. See `docs/durability.md`,
-/// "What survives a crash", for measured figures.
+/// Both settings are fully durable: every write call is acknowledged only after its log entry
+/// is synced, so it survives a process crash and a power loss either way. They differ in the
+/// cost of a merge and of the first open after a crash. See `docs/durability.md`, "What
+/// survives a crash". (Not to be confused with `redb::Durability`, which says whether one redb
+/// commit is synced at all.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Durability {
+pub enum Recovery {
     /// Each batch is one durable log write; the merges that move the log into redb are
     /// one-phase redb commits with checksums (one `fdatasync` each). After a crash the next
     /// open verifies and repairs the whole file, which takes time proportional to its size,
     /// then replays the log. The default.
     #[default]
-    Immediate,
-    /// Batches are logged as under `Immediate`; merges are two-phase redb commits with
+    FullRepair,
+    /// Batches are logged as under `FullRepair`; merges are two-phase redb commits with
     /// redb's quick repair (two `fdatasync`s and a copy of the allocator state each), so redb's
     /// part of the first open after a crash is instant regardless of file size, and only the
     /// log is replayed. Two-phase commit also resists a torn commit forged by someone who
@@ -40,20 +42,20 @@ pub enum Durability {
 /// Settings for opening a [`Store`]. Every setter states its default.
 ///
 /// ```
-/// use idempotency_store::{Durability, Store};
+/// use idempotency_store::{Recovery, Store};
 /// use std::time::Duration;
 ///
 /// let store = Store::builder()
 ///     .retention(Duration::from_secs(3600))
 ///     .lease(Duration::from_secs(30))
-///     .durability(Durability::QuickRepair)
+///     .recovery(Recovery::QuickRepair)
 ///     .open_in_memory()?;
 /// # Ok::<(), idempotency_store::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct StoreBuilder {
     pub(crate) settings: Settings,
-    pub(crate) durability: Durability,
+    pub(crate) recovery: Recovery,
     pub(crate) cache_size: usize,
     pub(crate) max_batch: usize,
     pub(crate) log_size: u64,
@@ -69,7 +71,7 @@ impl Default for StoreBuilder {
     fn default() -> Self {
         StoreBuilder {
             settings: Settings::default(),
-            durability: Durability::Immediate,
+            recovery: Recovery::FullRepair,
             cache_size: 8 << 20,
             max_batch: 128,
             log_size: layout::DEFAULT_LOG_LEN,
@@ -87,7 +89,7 @@ impl std::fmt::Debug for StoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreBuilder")
             .field("settings", &self.settings)
-            .field("durability", &self.durability)
+            .field("recovery", &self.recovery)
             .field("cache_size", &self.cache_size)
             .field("max_batch", &self.max_batch)
             .field("log_size", &self.log_size)
@@ -110,9 +112,10 @@ impl StoreBuilder {
 
     crate::api::settings::shared_setters!(settings);
 
-    /// How commits reach the disk. Defaults to [`Durability::Immediate`].
-    pub fn durability(&mut self, durability: Durability) -> &mut Self {
-        self.durability = durability;
+    /// How merges commit, and what the first open after a crash repairs. Defaults to
+    /// [`Recovery::FullRepair`].
+    pub fn recovery(&mut self, recovery: Recovery) -> &mut Self {
+        self.recovery = recovery;
         self
     }
 
@@ -131,7 +134,7 @@ impl StoreBuilder {
 
     /// Memory for replays answered without reading the store, in bytes (default 4 MiB; 0 turns
     /// it off): a claim of a completed key that replayed before is answered from it, without
-    /// a read transaction, and so is [`Store::cached_replay`], which the tower layer uses so
+    /// a read transaction, and so is [`IdempotencyStore::cached_replay`](crate::IdempotencyStore::cached_replay), which the tower layer uses so
     /// that a retry of a completed key is answered on the async thread. Each kept replay costs
     /// its key, headers and body plus about 160 bytes; the oldest go first. From 128 KiB on,
     /// the memory is split into up to 16 shards of at least 64 KiB, so that cores replaying
@@ -238,6 +241,7 @@ impl StoreBuilder {
     /// the table refuse the file instead of losing them.
     ///
     /// ```
+    /// use idempotency_store::IdempotencyStore;
     /// use idempotency_store::Store;
     ///
     /// let dir = tempfile::tempdir().expect("temp dir");
@@ -281,12 +285,12 @@ impl StoreBuilder {
     /// The store sees what a writable open would: an open after a crash repairs redb's part and
     /// replays the log as always, but into memory: a copy-on-write layer over the file holds
     /// every page the open changed (redb's header and, after a crash, the pages its repair and
-    /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](Store::lookup), claims that only replay or
-    /// reject, [`stats`](Store::stats), [`verify`](Store::verify), [`records`](crate::IdempotencyStore::records),
+    /// the replayed log entries touched) until the store is dropped. Reads work: [`lookup`](crate::IdempotencyStore::lookup), claims that only replay or
+    /// reject, [`stats`](crate::IdempotencyStore::stats), [`verify`](crate::IdempotencyStore::verify), [`records`](crate::IdempotencyStore::records),
     /// [`inspect`](crate::IdempotencyStore::inspect), [`metrics`](crate::IdempotencyStore::metrics). Every call that would write
-    /// (a claim that would take a key, [`complete`](Store::complete),
-    /// [`release`](Store::release), [`heartbeat`](Store::heartbeat),
-    /// [`checkpoint`](Store::checkpoint), [`sweep`](Store::sweep),
+    /// (a claim that would take a key, [`complete`](crate::IdempotencyStore::complete),
+    /// [`release`](crate::IdempotencyStore::release), [`heartbeat`](crate::IdempotencyStore::heartbeat),
+    /// [`checkpoint`](crate::IdempotencyStore::checkpoint), [`sweep`](crate::IdempotencyStore::sweep),
     /// [`force_release`](crate::IdempotencyStore::force_release), the `complete_with` calls) fails with
     /// [`Error::ReadOnly`], and [`start_sweeper`](Store::start_sweeper) starts no thread.
     /// The file is never created.
@@ -303,7 +307,7 @@ impl StoreBuilder {
     /// other fail with [`Error::AlreadyOpen`]), so it never reads a file being written.
     ///
     /// ```
-    /// use idempotency_store::{Error, Fingerprint, Key, Store, Claim};
+    /// use idempotency_store::{IdempotencyStore, Error, Fingerprint, Key, Store, Claim};
     ///
     /// let dir = tempfile::tempdir().expect("temp dir");
     /// let path = dir.path().join("store.redb");
@@ -380,7 +384,7 @@ impl StoreBuilder {
             lease_ms: millis(self.settings.lease),
             retention_ms: millis(self.settings.retention),
             max_batch: self.max_batch,
-            quick_repair: self.durability == Durability::QuickRepair,
+            quick_repair: self.recovery == Recovery::QuickRepair,
             quota,
             cache_size: self.cache_size,
             log_size: self.log_size,

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::store::Store;
 
 impl Store {
-    /// Like [`complete`](Store::complete), but first runs `effect`, whose writes to the
+    /// Like [`complete`](crate::IdempotencyStore::complete), but first runs `effect`, whose writes to the
     /// caller's own tables (a ledger row, an outbox entry) commit together with the stored
     /// response or not at all, in the same group-commit batch as other calls: one durable log
     /// write for all of them. A crash can never leave a charge without its idempotency record,
@@ -36,7 +36,7 @@ impl Store {
     /// because another caller's thread may run it: move what it needs into it.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
+    /// use idempotency_store::{IdempotencyStore, Claim, Fingerprint, Key, Response, Store, redb};
     ///
     /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
     /// let store = Store::builder().effect_table(LEDGER).open_in_memory()?;
@@ -110,7 +110,7 @@ impl Store {
             .map(|inner| inner.is_ok())
             .map_err(crate::error::Error::clone);
         if !matches!(settled, Ok(false)) {
-            self.metrics.settled(Call::Complete, &settled, started);
+            self.meter.settled(Call::Complete, &settled, started);
         }
     }
 
@@ -118,12 +118,12 @@ impl Store {
     /// [`StoreBuilder::effect_table`](crate::StoreBuilder::effect_table), as every
     /// acknowledged [`complete_with_effects`](Store::complete_with_effects) left it. The cheap
     /// read of effect rows: it looks in the store's overlay, then in redb, like
-    /// [`lookup`](Store::lookup), and never flushes or waits for writers (unlike
+    /// [`lookup`](crate::IdempotencyStore::lookup), and never flushes or waits for writers (unlike
     /// [`read_with`](Store::read_with) while effect rows wait in memory). For range scans use
     /// `read_with`.
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
+    /// use idempotency_store::{IdempotencyStore, Claim, Fingerprint, Key, Response, Store, redb};
     ///
     /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
     /// let store = Store::builder().effect_table(LEDGER).open_in_memory()?;
@@ -187,7 +187,7 @@ impl Store {
         Ok(read(&txn))
     }
 
-    /// Like [`complete`](Store::complete), but first runs `effect` in the same redb write
+    /// Like [`complete`](crate::IdempotencyStore::complete), but first runs `effect` in the same redb write
     /// transaction, so the caller's own tables (a ledger, an outbox) and the stored response
     /// commit together or not at all: a crash can never leave a charge without its
     /// idempotency record, or the reverse.
@@ -211,7 +211,7 @@ impl Store {
     /// table not registered at open).
     ///
     /// ```
-    /// use idempotency_store::{Claim, Fingerprint, Key, Response, Store, redb};
+    /// use idempotency_store::{IdempotencyStore, Claim, Fingerprint, Key, Response, Store, redb};
     ///
     /// const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
     /// let store = Store::builder().open_in_memory()?;

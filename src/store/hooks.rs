@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
+use crate::api::store::IdempotencyStore;
 use crate::engine::contain::contained_panics;
 use crate::engine::layout::{MIN_LOG_LEN, Storage, Tail};
 use crate::engine::wal;

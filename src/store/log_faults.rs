@@ -5,6 +5,7 @@
 //! refuse later writes with `Error::Poisoned`, and once reopened keep every acknowledged
 //! completion and serve nothing else as completed.
 
+use crate::api::store::IdempotencyStore;
 use std::collections::HashMap;
 use std::path::Path;
 

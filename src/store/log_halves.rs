@@ -5,6 +5,7 @@
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::outcome::Claim;
+use crate::api::store::IdempotencyStore;
 use crate::error::Result;
 use crate::store::Store;
 

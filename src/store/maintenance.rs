@@ -20,7 +20,7 @@ impl Store {
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) if the file cannot be read. Damaged records
     /// are reported as problems, not errors.
-    pub fn verify(&self) -> Result<VerifyReport> {
+    pub(crate) fn check_tables(&self) -> Result<VerifyReport> {
         contain("verifying", || self.walk())
     }
 
@@ -108,7 +108,7 @@ impl Store {
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Corrupted`](crate::Error::Corrupted)
     /// if a record cannot be read.
-    pub fn stats(&self) -> Result<Stats> {
+    pub(crate) fn count_records(&self) -> Result<Stats> {
         contain("counting records", || self.count())
     }
 

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
-use crate::api::metrics::Metrics;
+use crate::api::metrics::EngineMetrics;
 use crate::api::publish;
 use crate::api::series;
 use crate::api::trace;
@@ -32,9 +32,10 @@ impl SweeperState {
     }
 }
 
-/// [`IdempotencyStore::metrics`](crate::IdempotencyStore::metrics) of the redb store: the
-/// counters, the engine's figures and the file's size.
-pub(super) fn snapshot(store: &Store) -> Metrics {
+/// The redb store's own figures for [`IdempotencyStore::metrics`](crate::IdempotencyStore::metrics):
+/// the engine's, the sweeper's last round and the file's size (the counters of the calls
+/// come from the shared meter).
+pub(super) fn engine(store: &Store) -> EngineMetrics {
     let mut engine = store.engine.metrics();
     engine.file_bytes = store
         .path()
@@ -49,8 +50,5 @@ pub(super) fn snapshot(store: &Store) -> Metrics {
     if let Some(bytes) = engine.file_bytes {
         publish::level(&series::FILE_BYTES, bytes);
     }
-    Metrics {
-        engine: Some(engine),
-        ..store.metrics.snapshot()
-    }
+    engine
 }

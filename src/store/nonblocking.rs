@@ -1,14 +1,14 @@
-//! The redb store's [`AsyncStore`]: a claim, completion or release queued in the group commit
-//! from an async task, whose future the commit wakes. A call that must lead its batch starts
+//! The redb store's own [`AsyncStore`] (uncounted: `api::nonblocking::Counted` counts it for
+//! every backend): a claim, completion or release queued in the group commit from an async
+//! task, whose future the commit wakes. A call that must lead its batch starts
 //! a leader on the caller's [`Blocking`] pool instead of leading on the task's thread; that
 //! leader goes on leading while async callers keep coming (see `engine::commit`).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
-use crate::api::metrics::Call;
+use crate::api::metrics::Meter;
 use crate::api::nonblocking::{AsyncStore, Blocking, StoreFuture};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
@@ -42,6 +42,10 @@ impl Drop for Leader {
 }
 
 impl AsyncStore for Nonblocking {
+    fn meter(&self) -> &Meter {
+        &self.0.meter
+    }
+
     fn claim_with_id<'a>(
         &'a self,
         key: &Key,
@@ -50,27 +54,16 @@ impl AsyncStore for Nonblocking {
         blocking: &Blocking,
     ) -> StoreFuture<'a, Claim> {
         let store = &*self.0;
-        let started = Instant::now();
-        let claiming = {
-            let _span = crate::api::trace::enter!("claim", "redb");
-            store.claim_read(key, fingerprint, Some(id), None)
-        };
-        let waiting = match claiming {
+        let waiting = match store.claim_read(key, fingerprint, Some(id), None) {
             Ok(Claiming::Write(write)) => store.engine.write_async(write, self.appoint(blocking)),
-            Ok(Claiming::Answer(answer)) => {
-                let result = Ok(answer);
-                store.metrics.claimed(&result, started);
-                return Box::pin(std::future::ready(result));
-            }
+            Ok(Claiming::Answer(answer)) => return Box::pin(std::future::ready(Ok(answer))),
             Err(err) => Err(err),
         };
         Box::pin(async move {
-            let result = match waiting {
+            match waiting {
                 Ok(waiting) => waiting.await.map(|claim| store.live(claim)),
                 Err(err) => Err(err),
-            };
-            store.metrics.claimed(&result, started);
-            result
+            }
         })
     }
 
@@ -81,45 +74,33 @@ impl AsyncStore for Nonblocking {
         blocking: &Blocking,
     ) -> StoreFuture<'a, ()> {
         let store = &*self.0;
-        let started = Instant::now();
-        let waiting = {
-            let _span = crate::api::trace::enter!("complete", "redb");
-            store
-                .complete_write(lease, response)
-                .and_then(|write| store.engine.write_async(write, self.appoint(blocking)))
-        };
-        settling(store, lease, waiting, Call::Complete, started)
+        let waiting = store
+            .complete_write(lease, response)
+            .and_then(|write| store.engine.write_async(write, self.appoint(blocking)));
+        settling(store, lease, waiting)
     }
 
     fn release<'a>(&'a self, lease: &'a Lease, blocking: &Blocking) -> StoreFuture<'a, ()> {
         let store = &*self.0;
-        let started = Instant::now();
-        let waiting = {
-            let _span = crate::api::trace::enter!("release", "redb");
-            store
-                .engine
-                .write_async(release_write(lease), self.appoint(blocking))
-        };
-        settling(store, lease, waiting, Call::Release, started)
+        let waiting = store
+            .engine
+            .write_async(release_write(lease), self.appoint(blocking));
+        settling(store, lease, waiting)
     }
 }
 
 /// The future of a settling call (`complete` or `release`) of `lease`, queued as `waiting`:
-/// its result as the blocking call would give it, counted as `call`.
+/// its result as the blocking call would give it.
 fn settling<'a>(
     store: &'a Store,
     lease: &'a Lease,
     waiting: Result<Waiting<()>>,
-    call: Call,
-    started: Instant,
 ) -> StoreFuture<'a, ()> {
     Box::pin(async move {
         let done = match waiting {
             Ok(waiting) => waiting.await,
             Err(err) => Err(err),
         };
-        let result = store.settled(lease, done);
-        store.metrics.settled(call, &result, started);
-        result
+        store.settled(lease, done)
     })
 }

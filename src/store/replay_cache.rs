@@ -1,5 +1,5 @@
 //! Replays answered from memory: a claim of a completed key (and the tower layer's
-//! [`Store::cached_replay`](crate::Store::cached_replay), on the async thread) is answered
+//! [`IdempotencyStore::cached_replay`](crate::IdempotencyStore::cached_replay), on the async thread) is answered
 //! without a read transaction, a page-cache lookup or a record decode.
 //!
 //! Why an entry can be served without reading the record: a completed record never changes

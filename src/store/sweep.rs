@@ -6,48 +6,27 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::api::backend::SWEEP_BATCH;
+use crate::api::backend::Swept;
+use crate::api::store::counted_sweep;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
 impl Store {
-    /// Deletes up to `limit` expired records, oldest expiry first, in one bounded write
-    /// transaction, and returns how many it deleted. Records that expire in the same
+    /// One sweep transaction of at most `limit` records. Records that expire in the same
     /// millisecond go in key-hash order, so a sweep reads at most `limit` index entries
     /// (`docs/design.md`, "Sweep").
-    ///
-    /// # Errors
-    /// [`Error::Storage`] if the transaction fails (nothing is deleted then).
-    pub fn sweep(&self, limit: usize) -> Result<usize> {
-        self.sweep_batch(limit).map(|(deleted, _)| deleted)
-    }
-
-    /// One sweep transaction: records deleted, and whether expired entries may remain.
-    fn sweep_batch(&self, limit: usize) -> Result<(usize, bool)> {
-        let _span = crate::api::trace::enter!("sweep", "redb");
+    pub(crate) fn sweep_round(&self, limit: usize) -> Result<Swept> {
         if limit == 0 {
-            return Ok((0, false));
+            return Ok(Swept {
+                deleted: 0,
+                more: false,
+            });
         }
         let swept = self.engine.sweep(limit)?;
-        self.metrics
-            .swept(u64::try_from(swept.deleted).unwrap_or(u64::MAX));
-        Ok((swept.deleted, swept.more))
-    }
-
-    /// Deletes every expired record, in transactions of 64 records so
-    /// that other writers get the writer between them. Returns the total deleted.
-    ///
-    /// # Errors
-    /// As for [`sweep`](Store::sweep); records deleted by earlier batches stay deleted.
-    pub fn sweep_all(&self) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let (deleted, more) = self.sweep_batch(SWEEP_BATCH)?;
-            total += deleted as u64;
-            if !more {
-                return Ok(total);
-            }
-        }
+        Ok(Swept {
+            deleted: swept.deleted,
+            more: swept.more,
+        })
     }
 
     /// Starts a background thread that sweeps expired records every `interval`, in
@@ -136,8 +115,8 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
         if *signal.stopped.lock() {
             return total;
         }
-        let pause = match store.sweep_batch(batch) {
-            Ok((deleted, more)) => {
+        let pause = match counted_sweep(store, batch) {
+            Ok(Swept { deleted, more }) => {
                 total += deleted as u64;
                 signal.health.lock().last_error = None;
                 backoff = FIRST_BACKOFF.min(interval);

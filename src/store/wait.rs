@@ -14,6 +14,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::outcome::Claim;
+use crate::api::store::IdempotencyStore;
 use crate::error::Result;
 use crate::store::Store;
 
@@ -86,21 +87,10 @@ impl Gate {
 }
 
 impl Store {
-    /// Like [`claim`](Store::claim), but while the key is in progress, waits for it to settle
-    /// instead of answering [`Claim::InProgress`] at once.
-    ///
-    /// Returns the replay as soon as the holder completes, [`Claim::Acquired`] as soon as it
-    /// releases or its lease lapses, and [`Claim::InProgress`] if `timeout` passes first. The
-    /// wait is woken by the settling call in this process (a condvar, not polling); waiters on
-    /// other keys are not woken. A lease lapse is noticed when the lease's deadline, read from
-    /// the store's clock, passes in real time.
-    ///
-    /// Any `timeout` works: one too long to add to the current instant (`Duration::MAX`)
-    /// waits without a time limit.
-    ///
-    /// # Errors
-    /// As for [`claim`](Store::claim).
-    pub fn claim_wait(
+    /// `claim_wait` ([`IdempotencyStore::claim_wait`]): woken by the settling call in this
+    /// process (a condvar, not polling); waiters on other keys are not woken. A lease lapse is
+    /// noticed when the lease's deadline, read from the store's clock, passes in real time.
+    pub(crate) fn wait_for(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
@@ -111,7 +101,7 @@ impl Store {
         let gate = self.waiters.enter(key);
         let result = loop {
             let seen = gate.generation();
-            let claim = match self.claim(key, fingerprint) {
+            let claim = match IdempotencyStore::claim(self, key, fingerprint) {
                 Ok(claim) => claim,
                 Err(err) => break Err(err),
             };
@@ -120,7 +110,7 @@ impl Store {
             };
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
-                self.metrics.waited(true);
+                self.meter.waited(true);
                 break Ok(claim);
             }
             let lapse = now.checked_add(lease_until.saturating_duration_since(self.engine.now()));
@@ -128,7 +118,7 @@ impl Store {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            self.metrics.waited(false);
+            self.meter.waited(false);
             if gate.wait_past(seen, until) {
                 self.waiters.wakeups.fetch_add(1, Ordering::Relaxed);
             }
@@ -138,7 +128,7 @@ impl Store {
         result
     }
 
-    /// How many times a [`claim_wait`](Store::claim_wait) caller has been woken by a settling
+    /// How many times a [`claim_wait`](crate::IdempotencyStore::claim_wait) caller has been woken by a settling
     /// call since the store was opened (timeouts not counted).
     #[cfg(feature = "__test-hooks")]
     #[doc(hidden)]
@@ -157,6 +147,7 @@ mod tests {
     use crate::api::key::Key;
     use crate::api::outcome::Claim;
     use crate::api::response::Response;
+    use crate::api::store::IdempotencyStore;
     use crate::store::Store;
 
     fn keys_waited_on(store: &Store) -> usize {

@@ -97,8 +97,8 @@ use super::prefer;
 use super::runner::{Claimed, Runner};
 use super::view::RequestView;
 use super::{Problem, problem_type};
-use crate::api::store::IdempotencyStore;
 use crate::api::outcome::Lease;
+use crate::api::store::IdempotencyStore;
 
 /// The actix-web middleware (a [`Transform`]) that makes the services it wraps idempotent;
 /// see the module docs. Cheap to clone; clones share their admission.
