@@ -11,8 +11,8 @@ use crate::api::key::Key;
 ///
 /// Why not otherwise: with none, if any crate in the build enables `tracing`'s `log` feature
 /// (axum does by default), every span is recorded and its entry and exit are described for
-/// `log`, whether or not a logger wants them: about 280 of a replay's ~17,000 instructions
-/// (cachegrind). Events still reach `log` then; spans serve subscribers.
+/// `log`, whether or not a logger wants them, a cost a replay measurably pays (BENCHMARKS.md,
+/// "Figures behind the defaults"). Events still reach `log` then; spans serve subscribers.
 macro_rules! enter {
     ($name:literal, $backend:expr) => {{
         #[cfg(feature = "tracing")]

@@ -3,8 +3,8 @@
 //!
 //! postcard writes both the same way (a varint length, then the bytes), so the formats on
 //! disk do not change, but serde hands a sequence to the serializer one element at a time. As
-//! bytes, each is one length and one copy, in both directions: 3 % fewer instructions for an
-//! in-memory claim and completion with a 200-byte response (`valgrind --tool=callgrind`).
+//! bytes, each is one length and one copy, in both directions: fewer instructions for an
+//! in-memory claim and completion (BENCHMARKS.md, "Figures behind the defaults").
 
 use std::fmt;
 

@@ -9,8 +9,8 @@
 //!
 //! Each caller waits on a slot of its own, typed by its call's result, so a commit wakes
 //! exactly its batch's callers and the next leader, not every waiter (with 64 callers a shared
-//! condvar made every commit a thundering herd, and halved the batches), and no caller can be
-//! handed another call's kind of result.
+//! condvar made every commit a thundering herd, and shrank the batches: BENCHMARKS.md, "Figures
+//! behind the defaults"), and no caller can be handed another call's kind of result.
 //!
 //! A caller that must not block (an async task) queues its call with [`Committer::enqueue`]
 //! and awaits its slot as a future ([`Waiting`]). It cannot lead on its own thread, so its call

@@ -1,13 +1,14 @@
 //! The flush thread: writes the overlay's frozen generation into redb, off the writers' path.
 //!
-//! Writing the overlay into redb (a B-tree insert per record and index entry, then a commit
-//! without a sync) took a third of the group-commit leader's time at 64 threads, while the
-//! machine's other core sat idle. The leader now freezes a full overlay generation and goes on
-//! with the next batch; this thread writes the frozen one and reports back. The leader collects
-//! the report under the writer lock and only then empties the frozen generation, so a batch's
-//! view (a redb snapshot plus both generations) never loses the frozen changes halfway. One
-//! thread per store, stopped and joined when the store closes; redb's page buffers for these
-//! commits come from this one thread's allocator arena, not from whichever caller leads.
+//! Writing the overlay into redb (a B-tree insert per record and index entry, then a commit without
+//! a sync) took a large share of the group-commit leader's time at 64 threads, while the machine's
+//! other core sat idle (BENCHMARKS.md, "Figures behind the defaults"). The leader now freezes a
+//! full overlay generation and goes on with the next batch; this thread writes the frozen one and
+//! reports back. The leader collects the report under the writer lock and only then empties the
+//! frozen generation, so a batch's view (a redb snapshot plus both generations) never loses the
+//! frozen changes halfway. One thread per store, stopped and joined when the store closes; redb's
+//! page buffers for these commits come from this one thread's allocator arena, not from whichever
+//! caller leads.
 //!
 //! When the log's half fills up, the frozen generation is everything logged so far, and the
 //! thread commits it durably as a merge (`Task::Merge`) while the writers go on in

@@ -131,10 +131,10 @@ impl Writer {
 /// flush thread (see `flush`), per MiB of log. Each redb commit copies every page it touches,
 /// and a new key lands on a leaf of its own: 128-record generations wrote more than a page per
 /// record, whose pages redb keeps until the next merge, and the flushes' writes to the store
-/// file doubled the time of the log's `O_DSYNC` writes at 64 threads. A claim and its
-/// completion that meet in one generation reach redb once. A generation is also bounded by
-/// the log: at a switch of its halves everything logged is merged (BENCHMARKS.md, "Figures
-/// behind the defaults"), so a larger log gets larger generations (see [`Generation`]).
+/// file slowed the log's `O_DSYNC` writes at 64 threads (BENCHMARKS.md, "Figures behind the
+/// defaults"). A claim and its completion that meet in one generation reach redb once. A
+/// generation is also bounded by the log: at a switch of its halves everything logged is
+/// merged, so a larger log gets larger generations (see [`Generation`]).
 const OVERLAY_RECORDS: usize = 1024;
 
 /// The same limit in bytes of keys and records, per MiB of log: 1024 records of 1 MiB
@@ -149,10 +149,9 @@ const GENERATION_SCALE: u64 = 16;
 /// [`OVERLAY_BYTES`] per MiB of log (at least one, at most [`GENERATION_SCALE`]); a store in
 /// memory has limits of its own ([`Generation::in_memory`]). Larger
 /// generations share more of redb's leaves among their records, so each record costs fewer
-/// page copies and fewer bytes written: at 64 threads a 16 MiB log made 1.22 times the pairs/s
-/// of the default 1 MiB, for a file 4.3 times its raw bytes while open against 2.1 (redb
-/// reuses the pages unsynced commits free only after a merge) and a higher peak RSS
-/// (BENCHMARKS.md, "What the flush thread left behind, and a larger log").
+/// page copies and fewer bytes written: at 64 threads a larger log makes more pairs/s, for a
+/// longer file while open (redb reuses the pages unsynced commits free only after a merge) and
+/// a higher peak RSS (BENCHMARKS.md, "Figures behind the defaults").
 #[derive(Clone, Copy)]
 struct Generation {
     /// The active generation's size at which it is handed to the flush thread.
@@ -169,14 +168,13 @@ impl Generation {
         }
     }
 
-    /// A store in memory has no log to bound its generations, so it takes the most records a
-    /// log could give it, whatever its `log_size`: more of a merge's records share each of
-    /// the key index's leaves, which a merge copies once each. With 1024-record generations
-    /// the key index's inserts were half of the flush thread's time, and the flush thread a
-    /// fifth of the samples of a benchmark of fresh-key POSTs through the layer (BENCHMARKS.md,
-    /// "Larger generations in memory"). Its bytes grow only fourfold: the overlay holds a
-    /// second copy of what redb holds in the same memory, and with large responses up to
-    /// [`OVERLAY_LIMIT`] generations of it.
+    /// A store in memory has no log to bound its generations, so it takes the most records a log
+    /// could give it, whatever its `log_size`: more of a merge's records share each of the key
+    /// index's leaves, which a merge copies once each. With 1024-record generations the key index's
+    /// inserts took much of the flush thread's time in a benchmark of fresh-key POSTs through the
+    /// layer (BENCHMARKS.md, "Figures behind the defaults"). Its bytes grow only fourfold: the
+    /// overlay holds a second copy of what redb holds in the same memory, and with large responses
+    /// up to [`OVERLAY_LIMIT`] generations of it.
     fn in_memory() -> Self {
         Generation {
             records: GENERATION_SCALE as usize * OVERLAY_RECORDS,
@@ -196,10 +194,9 @@ const OVERLAY_LIMIT: usize = 4;
 
 /// How full the log's half is when a batch may switch halves early, provided the flush thread
 /// is idle. A switch at a full half has to wait for the thread's write in progress to free the
-/// frozen generation: at 64 threads the ~130 switches of a 3-second run waited 3.5 ms each on
-/// average, 450 ms of the group-commit leader's time, and every caller queued behind them.
-/// Switching at 7/8 with the thread idle, the waits came to 0-30 ms a run, for about 15 %
-/// more merges (BENCHMARKS.md, "Switching the log's halves early").
+/// frozen generation, with the group-commit leader and every caller queued behind it. Switching
+/// at 7/8 with the thread idle took most of those waits away, for a few more merges
+/// (BENCHMARKS.md, "Figures behind the defaults").
 const SWITCH_EARLY: (u64, u64) = (7, 8);
 
 impl Engine {
@@ -507,9 +504,10 @@ impl Engine {
         let scratch = std::mem::take(&mut writer.batch);
         let mut tables = Tables::layered(&snapshot, &self.overlay, scratch);
         // A store in memory keeps no log: nothing of it outlives the `Store`, so an entry
-        // (the changes collected, encoded, checksummed and copied into memory: 7 % of an
-        // in-memory POST's instructions) would protect nothing, and without it the log never
-        // fills and never forces a merge (see `generation_task`).
+        // (the changes collected, encoded, checksummed and copied into memory; BENCHMARKS.md,
+        // "Figures behind the defaults", has their share of an in-memory POST) would protect
+        // nothing, and without it the log never fills and never forces a merge (see
+        // `generation_task`).
         if self.config.in_memory {
             tables = tables.unlogged();
         }

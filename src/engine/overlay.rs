@@ -70,8 +70,8 @@ pub(crate) struct Overlay {
 
 /// A key's hash, keyed per process (so that no one can pick keys that collide), computed once
 /// per key and used for its shard and for its entry in either generation: hashing the key
-/// for each of them, and the hash again for each map, was 9 % of an in-memory claim and
-/// completion's instructions (`valgrind --tool=callgrind`).
+/// for each of them, and the hash again for each map, was a measurable share of an in-memory
+/// claim and completion's instructions (BENCHMARKS.md, "Figures behind the defaults").
 pub(crate) fn key_hash(key: &[u8]) -> u64 {
     static STATE: OnceLock<RandomState> = OnceLock::new();
     STATE.get_or_init(RandomState::new).hash_one(key)
@@ -250,13 +250,12 @@ impl Overlay {
             self.map_mut(which).entries[i].value = value;
             return;
         }
-        // A completion removes the entry its claim added, mostly in the same generation:
-        // removing it from redb cost a lookup in the records and one in the index, 8 % of a
-        // 64-thread pair's instructions (`valgrind --tool=callgrind`). An entry is added only
-        // when its record's expiry changes to it, so one whose first change here is an add
-        // was in no older layer for this key (redb may hold it for another key with
-        // the same hash, which keeps it); removed again, it is left out (see `pairs`). An
-        // entry first removed here must reach redb, whatever follows.
+        // A completion removes the entry its claim added, mostly in the same generation: removing
+        // it from redb cost a lookup in the records and one in the index per pair (BENCHMARKS.md,
+        // "Figures behind the defaults"). An entry is added only when its record's expiry changes
+        // to it, so one whose first change here is an add was in no older layer for this key (redb
+        // may hold it for another key with the same hash, which keeps it); removed again, it is
+        // left out (see `pairs`). An entry first removed here must reach redb, whatever follows.
         let added = matches!(which, Which::Index) && value.is_some();
         let key = self.append(key);
         let map = self.map_mut(which);
@@ -305,10 +304,10 @@ impl Overlay {
 #[derive(Debug)]
 pub(crate) struct Shared {
     shards: Box<[Shard]>,
-    /// The active generation's records and bytes, so that a batch learns whether it is full
-    /// without taking every shard's lock (two rounds of 16 contended read locks cost a batch
-    /// of a store in memory 2.4 % of a POST's CPU). Changed, like the active generation, only
-    /// under the writer lock.
+    /// The active generation's records and bytes, so that a batch learns whether it is full without
+    /// taking every shard's lock (two rounds of 16 contended read locks per batch showed in an
+    /// in-memory POST's profile: BENCHMARKS.md, "Figures behind the defaults"). Changed, like the
+    /// active generation, only under the writer lock.
     active_len: AtomicUsize,
     active_bytes: AtomicUsize,
     /// The effect tables, whose positions the effect rows' keys start with.

@@ -1,19 +1,19 @@
 //! One redb read snapshot, shared by the reads under the overlay until redb's part of the
 //! store changes.
 //!
-//! A record is read from the overlay, then from redb. Beginning a read transaction and opening
-//! the records table for each read cost about a dozen allocations and a lock inside redb, three
-//! times per fresh request (the claim's read, and the claim's and the completion's batches).
-//! Yet what redb holds under the overlay changes only at two kinds of moments, both under the
-//! writer lock: the overlay drops a generation that redb has taken (the flush thread's commits
-//! add nothing the overlay does not still hold until then), and a batch or merge commits to
-//! redb directly. Both are bracketed by [`Snapshots::change`], which moves a counter to odd
-//! and back to even, like a seqlock's, and drops the shared snapshot. The flush thread's
-//! commits only drop the shared snapshot once they are done ([`Snapshots::release`]): no read
-//! needs more, but a snapshot kept across commits would keep redb from reusing the pages they
-//! free (see `flush::write`). Bracketing them as changes made every read during one (a merge's
-//! sync takes milliseconds) begin a snapshot of its own and then read again: at 64 threads,
-//! about one of each per claim.
+//! A record is read from the overlay, then from redb. Beginning a read transaction and opening the
+//! records table for each read cost allocations and a lock inside redb (BENCHMARKS.md, "Figures
+//! behind the defaults"), three times per fresh request (the claim's read, and the claim's and the
+//! completion's batches). Yet what redb holds under the overlay changes only at two kinds of
+//! moments, both under the writer lock: the overlay drops a generation that redb has taken (the
+//! flush thread's commits add nothing the overlay does not still hold until then), and a batch or
+//! merge commits to redb directly. Both are bracketed by [`Snapshots::change`], which moves a
+//! counter to odd and back to even, like a seqlock's, and drops the shared snapshot. The flush
+//! thread's commits only drop the shared snapshot once they are done ([`Snapshots::release`]): no
+//! read needs more, but a snapshot kept across commits would keep redb from reusing the pages they
+//! free (see `flush::write`). Bracketing them as changes made every read during one (a merge's sync
+//! takes milliseconds) begin a snapshot of its own and then read again: at 64 threads, about one of
+//! each per claim.
 //!
 //! A read takes the shared snapshot (or begins one), checks the overlay, reads the snapshot,
 //! and keeps the answer only if the counter has not moved since the snapshot was taken: a

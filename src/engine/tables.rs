@@ -6,7 +6,7 @@
 //! append to the records table, whose last pages a merge has copied already, instead of
 //! landing on a leaf of their own: filed under their hash (format 3), each fresh record cost
 //! its merge a 4 KiB leaf copied, checksummed and written, and the index's 16-byte entries
-//! share a leaf among hundreds (BENCHMARKS.md, "Records in claim order"). A record keeps its
+//! share a leaf among hundreds (BENCHMARKS.md, "Figures behind the defaults"). A record keeps its
 //! number while it lives; a deleted record's number is not handed out again, unless no record
 //! with a higher number is left when a transaction next files one (no index entry names it
 //! then).

@@ -1,13 +1,13 @@
 //! The write-ahead log: how a batch becomes durable with one small sequential write.
 //!
 //! A durable redb commit rewrites about ten scattered 4 KiB pages and syncs them (see
-//! BENCHMARKS.md). Instead, a batch's changes (the record bytes and index entries it wrote,
-//! and the counters it left) go to the log region as one entry, the entry is made durable,
+//! BENCHMARKS.md, "Machine"). Instead, a batch's changes (the record bytes and index entries it
+//! wrote, and the counters it left) go to the log region as one entry, the entry is made durable,
 //! and only then do the changes become visible (in the overlay, or in a redb commit without a
-//! sync): readers see a batch only once it is durable. The log is used as two halves: when
-//! the one being written is full, everything logged so far is committed durably to redb (a
-//! merge, on the flush thread), which also persists every earlier non-durable commit,
-//! while entries go on at the start of the other half.
+//! sync): readers see a batch only once it is durable. The log is used as two halves: when the one
+//! being written is full, everything logged so far is committed durably to redb (a merge, on the
+//! flush thread), which also persists every earlier non-durable commit, while entries go on at the
+//! start of the other half.
 //!
 //! Entries: `[payload length u32][sequence u64][checksum 8 B][payload]`, little-endian, the
 //! checksum (blake3, truncated) covering the first 12 bytes and the payload. The metadata
@@ -35,9 +35,8 @@ const ENTRY_HEADER: u64 = 20;
 /// capacity. An entry larger still (one response over 4 MiB) gets a buffer of its own that is
 /// then dropped. At 1 MiB, every batch of large responses allocated and freed a buffer of
 /// several MiB on whichever thread led it, and glibc's arenas kept them: `tests/memory.rs`
-/// (64 threads, 1 MiB responses, glibc's default `malloc`) peaked at 162-193 MiB (median 178,
-/// 4 of 7 runs over the 176 MiB bound it had then), against 140-177 (median 154, 1 of 7) with
-/// 8 MiB, alternating debug builds.
+/// (64 threads, 1 MiB responses) peaked higher, and more often over its bound, than with
+/// 8 MiB (BENCHMARKS.md, "Figures behind the defaults").
 const KEEP_BUFFER: usize = 8 << 20;
 
 /// The storage a store was opened on, as its write-ahead log uses it.

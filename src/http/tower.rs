@@ -37,7 +37,8 @@
 //!   answers a retry of a key the store has replayed before from memory (no I/O, one short
 //!   lock; the redb `Store` keeps such replays, `PgStore` none), so that a retry storm costs
 //!   no trip to the blocking pool and back, which on a small machine costs more than the
-//!   claim itself (BENCHMARKS.md). Everything else about the answer is as for a claim.
+//!   claim itself (BENCHMARKS.md, "HTTP: the tower layer against the bare axum app").
+//!   Everything else about the answer is as for a claim.
 //! - The inner service's [`LeaseWatch`] is in the request's extensions; the heartbeat is a
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
 //! - The response body is read whole before it is stored. A body that fails to stream, like

@@ -25,8 +25,8 @@ pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint
                    floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
 
 /// [`NOW`] for a statement that writes: with the commit's durability ([`DURABLE`]), set in
-/// the same CTE so that it costs no round trip. (Reads go without: the two calls cost a
-/// read-only round trip about 7%, and a read commits nothing.)
+/// the same CTE so that it costs no round trip. (Reads go without: a read commits nothing, and
+/// the two calls would slow its round trip; BENCHMARKS.md, "Figures behind the defaults".)
 pub(super) const WRITE_NOW: &str = concat!(
     "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
      floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, ",

@@ -1,18 +1,18 @@
 //! Routines: for a store behind a transaction pooler, each statement of a request's path as a
 //! PL/pgSQL procedure of its own, so that the server no longer parses and plans it per call.
 //!
-//! Without prepared statements (`prepare_statements(false)`, see `typed`) the server parses
-//! and plans every statement it is sent; for the claim's and the completion's statements that
-//! cost about half the pairs a 2-core server completes. A PL/pgSQL routine keeps the plans of
-//! its statements for the life of the server connection, which a pooler keeps open across its
-//! clients' transactions, and holds nothing a client can see between transactions. So the
-//! routine runs the very text the store would have sent, with the same `$n` parameters, as
-//! one statement with a fresh snapshot, as before; its `INOUT` parameters carry the row back,
-//! and a last one, `hit`, whether there was one. It is a procedure, not a function: a `CALL`
-//! is not planned at all, where a `SELECT` of a function would be (a third of what was left
-//! to save, measured with `pgbench`). Its arguments are bound parameters, not literals in the
-//! call's text: parsing literals cost the server more than sending the call as one simple
-//! query would save (BENCHMARKS.md, "PgStore through PgBouncer").
+//! Without prepared statements (`prepare_statements(false)`, see `typed`) the server parses and
+//! plans every statement it is sent, which for the claim's and the completion's statements costs
+//! more than executing them (BENCHMARKS.md, "PgStore through PgBouncer"). A PL/pgSQL routine keeps
+//! the plans of its statements for the life of the server connection, which a pooler keeps open
+//! across its clients' transactions, and holds nothing a client can see between transactions. So
+//! the routine runs the very text the store would have sent, with the same `$n` parameters, as one
+//! statement with a fresh snapshot, as before; its `INOUT` parameters carry the row back, and a
+//! last one, `hit`, whether there was one. It is a procedure, not a function: a `CALL` is not
+//! planned at all, where a `SELECT` of a function would be (measured with `pgbench`, same section).
+//! Its arguments are bound parameters, not literals in the call's text: parsing literals cost the
+//! server more than sending the call as one simple query would save (BENCHMARKS.md, "PgStore
+//! through PgBouncer").
 //!
 //! A routine's name carries a hash of its parameter types and its text: a build whose
 //! statement differs calls a routine of its own, and two builds can share a schema during a

@@ -10,8 +10,8 @@
 //! (`query_typed`), which any pooler mode forwards as a unit. Without a prepare, the
 //! parameter types must be sent along: they are read from the casts in the statement's text
 //! (`$1::bigint`), which every parameter carries. The price: the server parses and plans the
-//! statement every time, which at 16 busy connections halved the pairs a 2-core server
-//! completes (BENCHMARKS.md, "PgStore through PgBouncer"); so preparing stays the default.
+//! statement every time, which costs the server more CPU per pair than executing it
+//! (BENCHMARKS.md, "PgStore through PgBouncer"); so preparing stays the default.
 
 use ::postgres::types::{ToSql, Type};
 use ::postgres::{Client, GenericClient, Row, Statement};

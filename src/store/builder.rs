@@ -151,22 +151,19 @@ impl StoreBuilder {
         self
     }
 
-    /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at
-    /// least 16 KiB and at most 1 TiB (outside that, opening fails with
-    /// [`Error::InvalidConfig`]; an open checks the size a file's header names against the
-    /// same bounds). Each write batch appends to the log and syncs it; when the log is full,
-    /// its changes commit durably into the database (a merge) and the log starts over. A
-    /// bigger log means fewer merges, and larger groups of records written into the database
-    /// between them (1024 per MiB of log, up to 16 MiB): more throughput with many threads,
-    /// for a larger file and more memory (redb reuses the pages freed since the last merge only
-    /// after the next one). With 10^6 records written by 64 threads, against the default 1 MiB:
-    /// an 8 MiB log made 1.18 times the pairs/s and a 16 MiB log 1.22 times, for a file of
-    /// 2.19 and 2.40 times the raw bytes allocated (1.96) and 4.3 times their length while open
-    /// (2.13), and a peak RSS of 53 and 67 MiB (36) (BENCHMARKS.md, "A larger log"). A smaller
-    /// log means a smaller file, a shorter replay after a crash and less memory. A batch bigger
-    /// than the log simply merges. An existing file keeps the size it was created with. A
-    /// store from [`open_in_memory`](StoreBuilder::open_in_memory) has no log, and its
-    /// groups are always 16,384 records. Defaults to 1 MiB.
+    /// The size of the write-ahead log of a new store file, in bytes: a multiple of 4 KiB, at least
+    /// 16 KiB and at most 1 TiB (outside that, opening fails with [`Error::InvalidConfig`]; an open
+    /// checks the size a file's header names against the same bounds). Each write batch appends to
+    /// the log and syncs it; when the log is full, its changes commit durably into the database (a
+    /// merge) and the log starts over. A bigger log means fewer merges, and larger groups of
+    /// records written into the database between them (1024 per MiB of log, up to 16 MiB): more
+    /// throughput with many threads, for a larger file and more memory (redb reuses the pages freed
+    /// since the last merge only after the next one); BENCHMARKS.md, "Figures behind the defaults",
+    /// has what 8 and 16 MiB bought and cost against the default 1 MiB with 10^6 records written by
+    /// 64 threads. A smaller log means a smaller file, a shorter replay after a crash and less
+    /// memory. A batch bigger than the log simply merges. An existing file keeps the size it was
+    /// created with. A store from [`open_in_memory`](StoreBuilder::open_in_memory) has no log, and
+    /// its groups are always 16,384 records. Defaults to 1 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
         self

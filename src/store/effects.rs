@@ -158,7 +158,8 @@ impl Store {
     /// writes); if any are waiting, this call flushes them first (a redb commit without a sync,
     /// behind the batch being written, if any), because redb's `ReadTransaction` cannot see
     /// them. Otherwise it never waits for writers. To read single rows without that cost, use
-    /// [`effect_row`](Store::effect_row); BENCHMARKS.md gives both costs.
+    /// [`effect_row`](Store::effect_row); BENCHMARKS.md, "Exactly-once payments", gives both
+    /// costs.
     ///
     /// ```
     /// use idempotency_store::{Store, redb};
