@@ -142,9 +142,9 @@
 //! (`(key hash, sequence number)`) that finds a key's record; an expiry index
 //! (`(expires_at, key hash)`); and metadata (format version, token counter, clock high-water
 //! mark, usage counters, log position). An open of a file from an older release (format 3 or
-//! 4, records under their key's hash) moves its records into these tables. The file is not a
-//! plain redb file; open it with this crate. `docs/design.md` in the repository has the
-//! details.
+//! 4, records under their key's hash) moves its records into these tables (a read-only open
+//! only in memory). The file is not a plain redb file; open it with this crate.
+//! `docs/design.md` in the repository has the details.
 //!
 //! [redb]: https://docs.rs/redb
 #![cfg_attr(docsrs, feature(doc_cfg))]
