@@ -66,6 +66,7 @@
 //! | [`http::tower::IdempotencyLayer`](http/tower/struct.IdempotencyLayer.html) | the same flow as a tower layer (axum, hyper) | `tower` |
 //! | [`http::actix::Idempotency`](http/actix/struct.Idempotency.html) | the same flow as an actix-web 4 middleware | `actix` |
 //! | [`pg::PgStore`](pg/struct.PgStore.html), [`pg::PgStoreBuilder`](pg/struct.PgStoreBuilder.html), [`pg::FailoverSafety`](pg/struct.FailoverSafety.html) | the same store on PostgreSQL, for many instances; whether a failover can lose its acknowledgements | `postgres` |
+//! | [`client::Outbox`](client/struct.Outbox.html), [`client::RetryPolicy`](client/struct.RetryPolicy.html) | outbound keys that survive a crash, and sends that retry with them | `client` (`ureq` for a ready-made sender) |
 //! | the binary `idempotency-store` | look inside a store, release a stuck key | `cli` |
 //!
 //! # Guarantees
@@ -112,7 +113,15 @@
 //!   that hangs up cancels nothing (adds `actix-web` without its default features, and
 //!   `tokio`).
 //! - `cli`: the operator binary `idempotency-store` (it brings `postgres` along, since it also
-//!   works on PostgreSQL tables).
+//!   works on PostgreSQL tables, and `client`, since it shows the outbox's intents).
+//! - `client`: the module `idempotency_store::client`, outbound idempotency keys that survive
+//!   the caller's crash: [`client::Outbox`](client/struct.Outbox.html) keeps each outbound
+//!   operation's key (UUID v4) in the store before the first send, and its retry helper sends
+//!   with that key under a `RetryPolicy` (backoff, `Retry-After`, bounded attempts and time)
+//!   (adds `uuid` and `httpdate`).
+//! - `ureq` (implies `client`): `client::ureq::sender`, a ready-made send closure on the
+//!   `ureq` 3 HTTP client (adds `ureq` without its default features: no TLS stack; enable
+//!   ureq's `rustls` or `native-tls` feature in your own `Cargo.toml` for HTTPS).
 //! - `postgres`: the module `idempotency_store::pg` with `PgStore`, the same API
 //!   ([`IdempotencyStore`]) on a PostgreSQL table shared by many service instances (sync
 //!   `postgres` client, `r2d2` connection pool).
@@ -125,11 +134,17 @@
 //!
 //! # Layout
 //!
-//! One file: a small header, a write-ahead log (each write batch appends one checksummed entry
-//! and syncs it; when the log is full, a batch commits durably into the database and the log
-//! starts over), then a redb database with three tables: records (key hash and key →
-//! versioned record), an expiry index (`(expires_at, key hash)`) and metadata. The file is not
-//! a plain redb file; open it with this crate. `docs/design.md` in the repository has the details.
+//! One file: a small header, then a write-ahead log used as two halves (each write batch
+//! appends one checksummed entry and syncs it; when a half is full, a background merge
+//! commits everything logged durably into the database and the log goes on in the other
+//! half), then a redb database. Its tables (store format 5): the records in claim order,
+//! each under a sequence number with its stored key beside it; a key index
+//! (`(key hash, sequence number)`) that finds a key's record; an expiry index
+//! (`(expires_at, key hash)`); and metadata (format version, token counter, clock high-water
+//! mark, usage counters, log position). An open of a file from an older release (format 3 or
+//! 4, records under their key's hash) moves its records into these tables (a read-only open
+//! only in memory). The file is not a plain redb file; open it with this crate.
+//! `docs/design.md` in the repository has the details.
 //!
 //! [redb]: https://docs.rs/redb
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,6 +1,7 @@
-//! The tower layer's admission: a bound on the claims it keeps on tokio's blocking pool, and
-//! the keys its own requests hold, so that a duplicate waits for the holder's answer on the
-//! runtime's timer instead of on a blocking thread, and a shutdown can settle every holder.
+//! The async layers' admission (the tower layer's and the actix middleware's): a bound on the
+//! claims a layer keeps on tokio's blocking pool, and the keys its own requests hold, so that a
+//! duplicate waits for the holder's answer on the runtime's timer instead of on a blocking
+//! thread, and a shutdown (the tower layer's drain) can settle every holder.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -84,8 +84,8 @@ use crate::api::store::IdempotencyStore;
 /// key leave none for other requests until they are answered (at most `wait` later). The
 /// holder is never starved: its handler already has its thread, and its heartbeat runs on a
 /// thread of its own. Keep `wait` short (the default is 500 ms; zero answers 409 at once) on
-/// a server with a small pool; the tower layer waits without a thread. A client may ask for
-/// another bound with `Prefer: wait=N` (capped by [`max_wait`](HandleOptions::max_wait)).
+/// a server with a small pool; the layers (tower, actix) wait without a thread. A client may
+/// ask for another bound with `Prefer: wait=N` (capped by [`max_wait`](HandleOptions::max_wait)).
 ///
 /// # When the client goes away
 ///

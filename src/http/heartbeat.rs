@@ -9,7 +9,8 @@ use crate::api::outcome::Lease;
 
 /// What the handler of a covered request knows about its lease. [`handle`](super::handle)
 /// and the tower layer put it into the request's extensions
-/// (`request.extensions().get::<LeaseWatch>()`); cheap to clone.
+/// (`request.extensions().get::<LeaseWatch>()`), the actix middleware into actix's
+/// (`web::ReqData<LeaseWatch>`); cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LeaseWatch {
     key: Key,

@@ -62,8 +62,8 @@
 //! | key reused with another request | 422 | | [`decide`], [`Problem::mismatch`] |
 //! | first request still in flight | 409 | `Retry-After` | [`decide`], [`Problem::in_progress`] |
 //! | store full ([`Error::QuotaExceeded`]) | 503 | `Retry-After` | [`Problem::from_error`] |
-//! | store unreachable ([`Error::Storage`]), or the tower layer overloaded | 503 | `Retry-After: 1` | [`Problem::from_error`], [`Problem::unavailable`], [`Problem::overloaded`] |
-//! | handler's answer too large to store, or unreadable | 500, stored and replayed | | [`handle`], the tower layer |
+//! | store unreachable ([`Error::Storage`]), or a layer (tower, actix) overloaded | 503 | `Retry-After: 1` | [`Problem::from_error`], [`Problem::unavailable`], [`Problem::overloaded`] |
+//! | handler's answer too large to store, or unreadable | 500, stored and replayed | | [`handle`], the layers (tower, actix) |
 //! | completed earlier | stored status | `Idempotent-Replayed: true` | [`decide`], [`replay`] |
 //!
 //! 400, 409 and 422 are the IETF draft's (`draft-ietf-httpapi-idempotency-key-header`);
@@ -116,13 +116,13 @@
 //! ## Invalid body
 //!
 //! 400 ([`problem_type::INVALID_BODY`]): the body of an idempotent request could not be read
-//! to the end (the tower layer); send it again.
+//! to the end (the layers: tower, actix); send it again.
 //!
 //! ## Unavailable
 //!
 //! 503 ([`problem_type::UNAVAILABLE`]), with `Retry-After: 1`: the server could not reach its
-//! store (the call was made once more first if its outcome was unknown), or the tower layer
-//! is overloaded and did not take the request. Retry with the same key to get the outcome.
+//! store (the call was made once more first if its outcome was unknown), or a layer (tower,
+//! actix) is overloaded and did not take the request. Retry with the same key to get the outcome.
 //!
 //! ## Response not stored
 //!

@@ -1,4 +1,5 @@
-//! The options of [`handle`](super::handle) and of the tower layer, with their defaults.
+//! The options of [`handle`](super::handle) and of the layers (tower and actix), with their
+//! defaults.
 
 use std::fmt;
 use std::sync::Arc;
@@ -104,8 +105,9 @@ type RenderFn = Arc<dyn Fn(&Problem) -> ::http::Response<Vec<u8>> + Send + Sync>
 type ScopeFn = Arc<dyn Fn(&RequestView<'_>) -> Option<String> + Send + Sync>;
 type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
 
-/// How [`handle`](super::handle) and the tower layer treat requests. Built with chained
-/// calls from [`HandleOptions::new`]; cheap to clone (the layer clones it per request).
+/// How [`handle`](super::handle), the tower layer and the actix middleware treat requests.
+/// Built with chained calls from [`HandleOptions::new`]; cheap to clone (a layer clones it per
+/// request).
 ///
 /// | option | default |
 /// |---|---|
@@ -124,6 +126,7 @@ type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
 /// | [`expected_duration`](HandleOptions::expected_duration) for `Retry-After` | none: measured per route |
 /// | [`heartbeat`](HandleOptions::heartbeat) | on, every third of the lease |
 /// | [`complete_with`](HandleOptions::complete_with) | [`IdempotencyStore::complete`](crate::IdempotencyStore::complete) |
+/// | [`on_error`](HandleOptions::on_error): the errors behind a 500, for logging | none |
 #[derive(Clone)]
 pub struct HandleOptions {
     pub(crate) methods: Vec<Method>,
@@ -251,10 +254,11 @@ impl HandleOptions {
     }
 
     /// How long a duplicate waits for the attempt in flight before it gets 409, when the
-    /// client did not say (default 500 ms, half the shortest client timeout in common use, 1 s, so that the
-    /// waiting retry is answered before its client gives up on it; zero: 409 at once). It gets the answer
-    /// as soon as the attempt settles. The tower layer waits without a thread; the sync
-    /// [`handle`](super::handle) holds its thread meanwhile (with `claim_wait`).
+    /// client did not say (default 500 ms, half the shortest client timeout in common use, 1 s,
+    /// so that the waiting retry is answered before its client gives up on it; zero: 409 at
+    /// once). It gets the answer as soon as the attempt settles. The layers (tower, actix) wait
+    /// without a thread; the sync [`handle`](super::handle) holds its thread meanwhile (with
+    /// `claim_wait`).
     #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
@@ -309,7 +313,7 @@ impl HandleOptions {
     }
 
     /// The largest body a covered request may have; larger ones get 413 before the store is
-    /// touched. The tower layer buffers at most this much.
+    /// touched. The layers (tower, actix) buffer at most this much.
     #[must_use]
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;

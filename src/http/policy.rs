@@ -14,7 +14,7 @@ use crate::api::fingerprint::Fingerprint;
 pub const STRUCTURED_VERSION: u8 = 2;
 const STRUCTURED_CONTEXT: &str = "idempotency-store 2026 http fingerprint policy v2";
 
-/// How [`handle`](super::handle) and the tower layer fingerprint a request.
+/// How [`handle`](super::handle) and the layers (tower and actix) fingerprint a request.
 ///
 /// | policy | compares | fingerprint version |
 /// |---|---|---|

@@ -38,10 +38,10 @@ pub mod problem_type {
     pub const TOO_LARGE: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#too-large";
 
-    /// 400: the body of an idempotent request could not be read (the tower layer).
+    /// 400: the body of an idempotent request could not be read (the layers: tower, actix).
     pub const INVALID_BODY: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#invalid-body";
-    /// 503: the store could not be reached, or the tower layer is overloaded; retry with the
+    /// 503: the store could not be reached, or a layer (tower, actix) is overloaded; retry with the
     /// same key to get the outcome.
     pub const UNAVAILABLE: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#unavailable";
@@ -189,7 +189,7 @@ impl Problem {
         .with_retry_after(retry_after)
     }
 
-    /// 503: the tower layer is overloaded (no slot for the claim came free in time); the
+    /// 503: a layer (tower, actix) is overloaded (no slot for the claim came free in time); the
     /// key was not touched.
     #[must_use]
     pub fn overloaded() -> Self {

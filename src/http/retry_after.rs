@@ -59,8 +59,9 @@ impl Durations {
     /// what the holder has run, never above the time left on the holder's lease, and at
     /// least 1.
     ///
-    /// `held_for` is how long the holder has run, where this process knows it (the tower
-    /// layer's own holders): the hint is then the time it is expected to have left.
+    /// `held_for` is how long the holder has run, where this process knows it (a tower
+    /// layer's or actix middleware's own holders): the hint is then the time it is expected
+    /// to have left.
     pub(crate) fn retry_after(
         &self,
         route: &str,

@@ -1,4 +1,5 @@
-//! What the options' closures see of a request: the same view in the sync and tower forms.
+//! What the options' closures see of a request: the same view in the sync form and the layers
+//! (tower and actix).
 
 use ::http::{Extensions, HeaderMap, Method, Uri};
 

@@ -169,6 +169,16 @@ impl PgStoreBuilder {
     /// not race; with [`migrate`](PgStoreBuilder::migrate) off, only checks it) and opens the
     /// connection pool.
     ///
+    /// May be called on any thread, one that runs a tokio runtime included (in an `async fn`
+    /// under `#[tokio::main]`, either flavour): the sync client cannot run on such a thread, so
+    /// when a runtime is current the work runs on a short-lived helper thread of its own. The
+    /// calling thread still waits for the whole connect (TLS, the schema's migration or check,
+    /// the replication check; against an unreachable server up to
+    /// [`connection_timeout`](PgStoreBuilder::connection_timeout)), and the runtime's other
+    /// tasks on that thread wait with it: fine at start-up, before the service runs; later,
+    /// call it from `tokio::task::spawn_blocking`. The same holds for every call of the store
+    /// (see [`PgStore`]'s section on async services).
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for an out-of-range setting, an unparsable `url` or an
     /// unreadable `sslrootcert`; [`Error::Storage`] if the server cannot be reached, the TLS
