@@ -11,6 +11,7 @@ pub(crate) mod metrics;
 pub(crate) mod nonblocking;
 pub(crate) mod outcome;
 pub(crate) mod publish;
+pub(crate) mod random;
 pub(crate) mod record;
 pub(crate) mod records;
 pub(crate) mod report;
