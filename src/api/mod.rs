@@ -3,6 +3,7 @@
 //! trait. Depends on `error` only; every backend depends on it.
 
 pub(crate) mod backend;
+pub(crate) mod backoff;
 pub(crate) mod clock;
 pub(crate) mod fingerprint;
 pub(crate) mod heartbeat;

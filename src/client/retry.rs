@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::api::backend::IdempotencyStore;
+use crate::api::backoff;
 use crate::api::clock::Timestamp;
 use crate::api::response::Response;
 use crate::client::intent::{Intent, Sent};
@@ -141,10 +142,11 @@ impl RetryPolicy {
 
     /// The random backoff before attempt `n + 1`.
     fn jitter(&self, n: u32) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX))
-            .min(self.cap);
+        // Past 32 doublings the factor saturates (a u32) and the ceiling stays where it is.
+        let nth = n.saturating_sub(1).min(32) as usize;
+        let ceiling = backoff::doubling(self.base, self.cap)
+            .nth(nth)
+            .unwrap_or(self.cap);
         ceiling.mul_f64(crate::api::random::fraction())
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::api::backend::SWEEP_BATCH;
+use crate::api::backoff;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
@@ -131,7 +132,7 @@ impl Signal {
 
 fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) -> u64 {
     let mut total = 0;
-    let mut backoff = FIRST_BACKOFF.min(interval);
+    let mut backoff = backoff::doubling(FIRST_BACKOFF.min(interval), interval);
     loop {
         if *signal.stopped.lock() {
             return total;
@@ -140,7 +141,7 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
             Ok((deleted, more)) => {
                 total += deleted as u64;
                 signal.health.lock().last_error = None;
-                backoff = FIRST_BACKOFF.min(interval);
+                backoff = backoff::doubling(FIRST_BACKOFF.min(interval), interval);
                 if more {
                     continue;
                 }
@@ -152,9 +153,7 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
                 let mut health = signal.health.lock();
                 health.last_error = Some(err);
                 health.errors += 1;
-                let pause = backoff;
-                backoff = backoff.saturating_mul(2).min(interval);
-                pause
+                backoff.next().unwrap_or(interval)
             }
         };
         if signal.rest(pause) {
