@@ -123,6 +123,10 @@ pub(crate) fn parse(url: &str) -> Result<Connection> {
 /// the host name (or IP address). rustls with the `ring` provider, so that building needs no
 /// system TLS library.
 fn connector(mode: SslMode, root_cert: Option<PathBuf>) -> Result<MakeRustlsConnect> {
+    // rustls 0.23.48 deprecates its ring provider for want of post-quantum key exchange. The
+    // other provider, aws-lc-rs, needs cmake to build, which this crate keeps out (see the
+    // `postgres` feature in Cargo.toml); `allow`, not `expect`: older 0.23s do not deprecate it.
+    #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
