@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::api::backoff;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -166,7 +167,7 @@ pub(crate) fn poll_claim_wait<S: crate::api::store::IdempotencyStore + ?Sized>(
     meter: &Meter,
 ) -> Result<Claim> {
     let deadline = Instant::now().checked_add(timeout);
-    let mut pause = Duration::from_millis(10);
+    let mut pauses = backoff::doubling(Duration::from_millis(10), Duration::from_millis(250));
     loop {
         let claim = store.claim(key, fingerprint)?;
         if !matches!(claim, Claim::InProgress { .. }) {
@@ -179,8 +180,8 @@ pub(crate) fn poll_claim_wait<S: crate::api::store::IdempotencyStore + ?Sized>(
             return Ok(claim);
         }
         meter.waited(false);
+        let pause = pauses.next().unwrap_or(Duration::from_millis(250));
         std::thread::sleep(left.map_or(pause, |left| pause.min(left)));
-        pause = (pause * 2).min(Duration::from_millis(250));
     }
 }
 

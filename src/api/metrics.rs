@@ -221,7 +221,7 @@ pub struct Meter {
     show_keys: bool,
     /// The same counters several times over, each on cache lines of its own; a thread adds to
     /// one, a snapshot sums them. One set shared by all made every claim on one core take the
-    /// lines from the other (3.7 % of a 64-thread replay profile).
+    /// lines from the other (BENCHMARKS.md, "Figures behind the defaults").
     stripes: Box<[Cells]>,
 }
 

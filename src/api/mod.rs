@@ -3,6 +3,7 @@
 //! trait. Depends on `error` only; every backend depends on it.
 
 pub(crate) mod backend;
+pub(crate) mod backoff;
 pub(crate) mod clock;
 pub(crate) mod execute;
 pub(crate) mod fingerprint;
@@ -12,6 +13,7 @@ pub(crate) mod metrics;
 pub(crate) mod nonblocking;
 pub(crate) mod outcome;
 pub(crate) mod publish;
+pub(crate) mod random;
 pub(crate) mod record;
 pub(crate) mod records;
 pub(crate) mod report;

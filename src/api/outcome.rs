@@ -206,16 +206,10 @@ impl ClaimId {
         ClaimId(id)
     }
 
-    /// A fresh random claim id (from the standard library's randomly seeded hasher: no extra
-    /// dependency, different in every process and every call).
+    /// A fresh random claim id: 64 bits from the operating system's generator.
     #[must_use]
     pub fn random() -> ClaimId {
-        use std::hash::{BuildHasher, Hasher};
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        ClaimId(hasher.finish())
+        ClaimId(crate::api::random::u64())
     }
 
     /// The number.

@@ -2,8 +2,9 @@
 //! the same key every time, within bounds that never risk a second execution.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
+use crate::api::backoff;
 use crate::api::clock::Timestamp;
 use crate::api::response::Response;
 use crate::api::store::IdempotencyStore;
@@ -141,11 +142,12 @@ impl RetryPolicy {
 
     /// The random backoff before attempt `n + 1`.
     fn jitter(&self, n: u32) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX))
-            .min(self.cap);
-        ceiling.mul_f64(random_fraction())
+        // Past 32 doublings the factor saturates (a u32) and the ceiling stays where it is.
+        let nth = n.saturating_sub(1).min(32) as usize;
+        let ceiling = backoff::doubling(self.base, self.cap)
+            .nth(nth)
+            .unwrap_or(self.cap);
+        ceiling.mul_f64(crate::api::random::fraction())
     }
 }
 
@@ -179,19 +181,6 @@ pub(crate) fn retry_after(answer: &Response, now: Timestamp) -> Option<Duration>
     let at = httpdate::parse_http_date(text).ok()?;
     let now = UNIX_EPOCH + Duration::from_millis(now.as_millis());
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// A fraction in `[0, 1)` from the standard library's randomly seeded hasher.
-fn random_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    // 53 random bits: every such fraction is exact in an f64.
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 impl Outbox {

@@ -20,9 +20,10 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use redb::Database;
 
+use crate::engine::apply;
 use crate::engine::contain::contain_then;
 use crate::engine::meta::Counters;
-use crate::engine::overlay::{self, Shared};
+use crate::engine::overlay::Shared;
 use crate::engine::poison::Poison;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
@@ -192,7 +193,7 @@ fn write(tables: &Tables<'_>, job: Task, stats: &EngineStats) -> Result<()> {
     let started = std::time::Instant::now();
     let mut txn = db.begin_write()?;
     overlay.with_changes(false, |changes| {
-        overlay::write(&txn, changes, overlay.registry())
+        apply::write(&txn, changes, overlay.registry())
     })?;
     match job {
         Task::Flush => txn

@@ -6,67 +6,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use redb::{
-    Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, ReadableTable, TableHandle,
-    WriteTransaction,
-};
+use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
 
-use crate::api::clock::{Clock, Timestamp};
+use crate::api::clock::Timestamp;
 use crate::api::key::Key;
 use crate::api::metrics::EngineMetrics;
 use crate::api::record::Record;
+use crate::engine::apply;
 use crate::engine::batch::{Access, Ctx, Direct, Fail, Quota, Tables};
 use crate::engine::commit::{Appoint, Batch, Committer, Job, Pending, Slot, SweepCall, Waiting};
+use crate::engine::config::Config;
 use crate::engine::contain::{contain, contain_then};
 use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
-use crate::engine::kept::Unregistered;
-use crate::engine::meta::{
-    Counters, HASHED_FORMATS, KEPT_FORMAT, META, META_BYTES, META_FORMAT, META_LOG_SEQ,
-    META_NEXT_TOKEN, META_RECORDS, STORE_FORMAT,
-};
+use crate::engine::format::check_tables;
+use crate::engine::generation::{Generation, OVERLAY_LIMIT};
+use crate::engine::meta::{Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, STORE_FORMAT};
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::poison::Poison;
 use crate::engine::scan::Swept;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
-use crate::engine::tables::{self, EXPIRY, RecordsRead};
+use crate::engine::tables::RecordsRead;
 use crate::engine::wal::{self, Change, Log, LogFile};
 use crate::error::{Error, Result};
-
-/// What the engine needs of the store's settings.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub lease_ms: u64,
-    pub retention_ms: u64,
-    /// The most write calls in one group commit.
-    pub max_batch: usize,
-    /// Whether merges are two-phase redb commits with quick repair.
-    pub quick_repair: bool,
-    /// `None`: no quota, so batches may run layered.
-    pub quota: Option<Quota>,
-    /// redb's page cache, in bytes.
-    pub cache_size: usize,
-    /// The log size of a new file, in bytes.
-    pub log_size: u64,
-    pub clock: Arc<dyn Clock>,
-    /// Whether opening a missing file creates it.
-    pub create_if_missing: bool,
-    /// The log handle syncs with `sync_data` rather than `O_DSYNC` (see `wal::open_log_writer`).
-    pub portable_log_sync: bool,
-    /// The caller's tables that effects write.
-    pub effects: Arc<Registry>,
-    /// Opened read-only: every write call is refused and the close merges nothing (see
-    /// `open::open_read_only`).
-    pub read_only: bool,
-    /// What the open does with the log's rows of effect tables not in `effects` (see `kept`).
-    pub unregistered: Unregistered,
-    /// The storage is memory (`open_in_memory`): a batch never waits for I/O, so an async
-    /// caller leads its batch on its own thread (see `Committer::enqueue_inline`), and a
-    /// layered batch writes no log entry (see `write_layered`).
-    pub in_memory: bool,
-}
 
 pub(crate) struct Engine {
     /// Always `Some` until the engine is dropped; an `Option` so that `Drop` can contain a
@@ -126,71 +90,6 @@ impl Writer {
     #[cfg(not(test))]
     fn logged(&mut self) {}
 }
-
-/// How many records the overlay's active generation collects before it is handed to the
-/// flush thread (see `flush`), per MiB of log. Each redb commit copies every page it touches,
-/// and a new key lands on a leaf of its own: 128-record generations wrote more than a page per
-/// record, whose pages redb keeps until the next merge, and the flushes' writes to the store
-/// file slowed the log's `O_DSYNC` writes at 64 threads (BENCHMARKS.md, "Figures behind the
-/// defaults"). A claim and its completion that meet in one generation reach redb once. A
-/// generation is also bounded by the log: at a switch of its halves everything logged is
-/// merged, so a larger log gets larger generations (see [`Generation`]).
-const OVERLAY_RECORDS: usize = 1024;
-
-/// The same limit in bytes of keys and records, per MiB of log: 1024 records of 1 MiB
-/// responses would hold 1 GiB in each generation. 4 MiB is about 10,000 ordinary records, so
-/// the record limit decides for them and this one only for large responses.
-const OVERLAY_BYTES: usize = 4 << 20;
-
-/// The most MiB of log that scale a generation: past 16, a log only merges less often.
-const GENERATION_SCALE: u64 = 16;
-
-/// The overlay's limits for a store whose log is `log_len` bytes: [`OVERLAY_RECORDS`] and
-/// [`OVERLAY_BYTES`] per MiB of log (at least one, at most [`GENERATION_SCALE`]); a store in
-/// memory has limits of its own ([`Generation::in_memory`]). Larger
-/// generations share more of redb's leaves among their records, so each record costs fewer
-/// page copies and fewer bytes written: at 64 threads a larger log makes more pairs/s, for a
-/// longer file while open (redb reuses the pages unsynced commits free only after a merge) and
-/// a higher peak RSS (BENCHMARKS.md, "Figures behind the defaults").
-#[derive(Clone, Copy)]
-struct Generation {
-    /// The active generation's size at which it is handed to the flush thread.
-    records: usize,
-    bytes: usize,
-}
-
-impl Generation {
-    fn for_log(log_len: u64) -> Self {
-        let scale = usize::try_from((log_len >> 20).clamp(1, GENERATION_SCALE)).unwrap_or(1);
-        Generation {
-            records: scale * OVERLAY_RECORDS,
-            bytes: scale * OVERLAY_BYTES,
-        }
-    }
-
-    /// A store in memory has no log to bound its generations, so it takes the most records a log
-    /// could give it, whatever its `log_size`: more of a merge's records share each of the key
-    /// index's leaves, which a merge copies once each. With 1024-record generations the key index's
-    /// inserts took much of the flush thread's time in a benchmark of fresh-key POSTs through the
-    /// layer (BENCHMARKS.md, "Figures behind the defaults"). Its bytes grow only fourfold: the
-    /// overlay holds a second copy of what redb holds in the same memory, and with large responses
-    /// up to [`OVERLAY_LIMIT`] generations of it.
-    fn in_memory() -> Self {
-        Generation {
-            records: GENERATION_SCALE as usize * OVERLAY_RECORDS,
-            bytes: 4 * OVERLAY_BYTES,
-        }
-    }
-
-    /// Whether the active generation, at `records` and `bytes`, is this many generations full.
-    fn reached(&self, generations: usize, (records, bytes): (usize, usize)) -> bool {
-        records >= generations * self.records || bytes >= generations * self.bytes
-    }
-}
-
-/// How many generations the active one may grow to while the flush thread is still busy with
-/// the last, before a batch writes the overlay itself.
-const OVERLAY_LIMIT: usize = 4;
 
 /// How full the log's half is when a batch may switch halves early, provided the flush thread
 /// is idle. A switch at a full half has to wait for the thread's write in progress to free the
@@ -538,7 +437,7 @@ impl Engine {
         }
         self.flush_overlay(writer)?;
         let txn = db.begin_write()?;
-        overlay::write(&txn, &mut batch.changes(), &self.config.effects)?;
+        apply::write(&txn, &mut batch.changes(), &self.config.effects)?;
         self.commit_durably(txn, writer, counters)
     }
 
@@ -632,7 +531,7 @@ impl Engine {
         }
         let txn = self.db()?.begin_write()?;
         self.overlay.with_changes(true, |changes| {
-            overlay::write(&txn, changes, &self.config.effects)
+            apply::write(&txn, changes, &self.config.effects)
         })?;
         self.commit_unsynced(txn, writer)?;
         self.snapshots.change(|| self.overlay.clear(true));
@@ -843,58 +742,6 @@ impl Drop for Engine {
     }
 }
 
-/// Checks that `txn`'s file is a store of this format (writing the metadata of a new one),
-/// opens the data tables, and returns the last log entry a merge covers.
-fn check_tables(txn: &WriteTransaction) -> Result<u64> {
-    let names: Vec<String> = txn
-        .list_tables()?
-        .map(|t| t.name().to_owned())
-        .chain(txn.list_multimap_tables()?.map(|t| t.name().to_owned()))
-        .collect();
-    if !names.iter().any(|n| n == META.name()) && !names.is_empty() {
-        return Err(Error::NotAStore {
-            reason: format!(
-                "the file holds the tables {names:?} but no idempotency-store metadata"
-            ),
-        });
-    }
-    let mut meta = txn.open_table(META)?;
-    let stored =
-        |m: &redb::Table<&str, u64>, k| -> Result<Option<u64>> { Ok(m.get(k)?.map(|v| v.value())) };
-    let hashed = match stored(&meta, META_FORMAT)? {
-        None => {
-            meta.insert(META_FORMAT, STORE_FORMAT)?;
-            meta.insert(META_NEXT_TOKEN, 1)?;
-            false
-        }
-        Some(STORE_FORMAT | KEPT_FORMAT) => false,
-        Some(v) if HASHED_FORMATS.contains(&v) => true,
-        Some(v) => {
-            return Err(Error::NotAStore {
-                reason: format!(
-                    "store format version {v} is not supported (this build reads versions 3 to \
-                     {KEPT_FORMAT})"
-                ),
-            });
-        }
-    };
-    // After the format check: another format's tables may have other key types. The open's
-    // merge sets the version, in the transaction that moves the records.
-    let moved = tables::create_or_migrate(txn, hashed)?;
-    if hashed {
-        crate::api::trace::migrated(moved.records, moved.dropped);
-        for (counter, less) in [
-            (META_RECORDS, moved.dropped),
-            (META_BYTES, moved.dropped_bytes),
-        ] {
-            let now = stored(&meta, counter)?.unwrap_or(0);
-            meta.insert(counter, now.saturating_sub(less))?;
-        }
-    }
-    txn.open_table(EXPIRY)?;
-    Ok(stored(&meta, META_LOG_SEQ)?.unwrap_or(0))
-}
-
 /// A failure of the one call of a transaction of its own: whatever its kind, it is the call's.
 fn fail_error(fail: Fail) -> Error {
     match fail {
@@ -929,33 +776,5 @@ impl Engine {
     /// of the half, from the start of the log region.
     pub(crate) fn log_at(&self) -> (u64, u64, u64) {
         self.writer.lock().log.at()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generations_scale_with_the_log_from_one_to_sixteen_mib() {
-        let records = |log_len: u64| Generation::for_log(log_len).records;
-        assert_eq!(records(16 << 10), OVERLAY_RECORDS, "a small log, the least");
-        assert_eq!(records(1 << 20), OVERLAY_RECORDS);
-        assert_eq!(records((8 << 20) + 1), 8 * OVERLAY_RECORDS);
-        assert_eq!(records(1 << 30), 16 * OVERLAY_RECORDS, "at most 16 MiB's");
-        let memory = Generation::in_memory();
-        assert_eq!(
-            memory.records,
-            records(16 << 20),
-            "as many records as the largest log's"
-        );
-        assert_eq!(memory.bytes, 4 * OVERLAY_BYTES, "a fourth of its bytes");
-        let large = Generation::for_log(4 << 20);
-        assert_eq!(large.bytes, 4 * OVERLAY_BYTES);
-        assert!(!large.reached(1, (4095, 0)) && large.reached(1, (4096, 0)));
-        assert!(
-            !large.reached(OVERLAY_LIMIT, (16383, 0))
-                && large.reached(OVERLAY_LIMIT, (0, 64 << 20))
-        );
     }
 }

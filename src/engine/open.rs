@@ -6,19 +6,21 @@ use std::sync::Arc;
 
 use redb::StorageBackend;
 
+use crate::engine::config::Config;
 use crate::engine::contain::contain;
 use crate::engine::cow::CowFile;
-use crate::engine::handle::{Config, Engine};
+use crate::engine::handle::Engine;
 use crate::engine::layout::{self, Storage, Tail};
+use crate::engine::log_handle::{self, LogHandle};
 use crate::engine::poison::{Guarded, Poison};
-use crate::engine::wal::{self, LogFile, LogHandle};
+use crate::engine::wal::LogFile;
 use crate::error::{Error, Result};
 
 /// Opens (or creates) the store file at `path`.
 pub(crate) fn open_file(path: &Path, config: Config) -> Result<Engine> {
     contain("opening the store", || {
         let (storage, id) = open_storage_file(path, config.create_if_missing)?;
-        let log_writer = wal::open_log_writer(path, config.portable_log_sync)?;
+        let log_writer = log_handle::open_log_writer(path, config.portable_log_sync)?;
         if let Some(log) = &log_writer {
             check_same_file(path, id, file_id(log.file())?)?;
         }

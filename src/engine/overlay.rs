@@ -25,12 +25,9 @@ use std::ops::Range;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::RwLock;
-use redb::WriteTransaction;
-
 use crate::engine::effects::Registry;
-use crate::engine::tables::{self, EXPIRY, RecordsMut};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use parking_lot::RwLock;
 
 /// A record set (`Some`) or deleted (`None`).
 pub(crate) type RecordChange<'a> = (&'a [u8], Option<&'a [u8]>);
@@ -527,105 +524,9 @@ enum Which {
     Effects,
 }
 
-/// Writes `changes` into redb's tables in `txn`, and each effect table's rows in one go. The
-/// records go in the order of their expiry entries, `(expires_at, key hash)`, which is the order
-/// in which sweeps delete them: new records are numbered in that order, so that a sweep's
-/// deletions come one after another in the records table instead of scattering over the pages
-/// a merge appended. Records with no new expiry entry (deletions, and records whose expiry did
-/// not move) go last.
-pub(crate) fn write(
-    txn: &WriteTransaction,
-    changes: &mut Changes<'_>,
-    registry: &Registry,
-) -> Result<()> {
-    let expiring: HashMap<&[u8], u64> = changes
-        .index
-        .iter()
-        .filter(|&&(_, _, present)| present)
-        .map(|&(expires_at, key, _)| (key, expires_at))
-        .collect();
-    let mut filed: Vec<_> = changes
-        .records
-        .iter()
-        .map(|&(key, record)| {
-            let expires_at = expiring.get(key).copied().unwrap_or(u64::MAX);
-            ((expires_at, tables::key_hash(key)), key, record)
-        })
-        .collect();
-    filed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    let mut records = RecordsMut::open(txn)?;
-    for &((_, hash), key, record) in &filed {
-        match record {
-            Some(bytes) => drop(records.put_hashed(hash, key, bytes)?),
-            None => drop(records.remove(key)?),
-        }
-    }
-    let mut expiry = txn.open_table(EXPIRY)?;
-    for &(expires_at, key, present) in &changes.index {
-        if present {
-            tables::index(&mut expiry, expires_at, key)?;
-        } else {
-            tables::unindex(&mut expiry, &records, expires_at, key)?;
-        }
-    }
-    write_effects(txn, &mut changes.effects, registry)
-}
-
-/// Writes effect rows, grouped by table (a row's overlay key starts with its table's position).
-fn write_effects(
-    txn: &WriteTransaction,
-    effects: &mut [EffectChange<'_>],
-    registry: &Registry,
-) -> Result<()> {
-    effects.sort_unstable_by_key(|&(at, _)| at);
-    let mut rows = Vec::new();
-    let mut rest = &effects[..];
-    while let Some(&(first, _)) = rest.first() {
-        let (table, _) = first
-            .split_first_chunk::<4>()
-            .ok_or_else(|| Error::corrupted("an effect row of the overlay has no table"))?;
-        let run = rest
-            .iter()
-            .take_while(|(at, _)| at.starts_with(table))
-            .count();
-        rows.clear();
-        rows.extend(rest[..run].iter().map(|&(at, value)| (&at[4..], value)));
-        let at = usize::try_from(u32::from_be_bytes(*table)).unwrap_or(usize::MAX);
-        registry.table(at)?.write(txn, &rows)?;
-        rest = &rest[run..];
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_merge_numbers_new_records_in_the_order_of_their_expiry() -> Result<()> {
-        use crate::engine::snapshot::tests::db;
-        use crate::engine::tables::RECORDS;
-        use redb::ReadableTable;
-        let db = db();
-        let mut batch = Overlay::default();
-        for (key, expires_at) in [(b"\0a", 10), (b"\0b", 30), (b"\0c", 20)] {
-            batch.set_record(key, Some(key));
-            batch.set_index(expires_at, key, true);
-        }
-        batch.set_record(b"\0d", Some(b"no expiry entry of its own"));
-        let txn = db.begin_write()?;
-        write(&txn, &mut batch.changes(), &Registry::default())?;
-        let records = txn.open_table(RECORDS)?;
-        let order: Vec<Vec<u8>> = records
-            .iter()?
-            .map(|e| {
-                let (number, value) = e?;
-                Ok(tables::split(number.value(), value.value())?.0.to_vec())
-            })
-            .collect::<Result<_>>()?;
-        assert_eq!(order, [&b"\0a"[..], b"\0c", b"\0b", b"\0d"]);
-        Ok(())
-    }
 
     #[test]
     fn newer_changes_win_and_deletions_are_remembered() {

@@ -1,7 +1,7 @@
 //! redb's tables and how keys are laid out in them.
 //!
 //! A record is filed under a sequence number, handed out when its key's record first reaches
-//! redb (merge by merge, and within a merge in the order of expiry, see `overlay::write`),
+//! redb (merge by merge, and within a merge in the order of expiry, see `apply::write`),
 //! beside its stored key; an index of `(key hash, number)` finds it by key. Fresh keys so
 //! append to the records table, whose last pages a merge has copied already, instead of
 //! landing on a leaf of their own: filed under their hash (format 3), each fresh record cost

@@ -6,8 +6,8 @@
 //! call are awaited: the store decides in memory on the async thread (a replay, a key in
 //! progress, a mismatch, a fresh claim's place in the group commit), and the commit wakes the
 //! request once its write is durable. Tokio's blocking pool then only runs the group commit's
-//! leader, once per run of batches rather than twice per request (on 2 cores those hand-overs
-//! were most of a fresh request's CPU). Every other call, and every call of a store without
+//! leader, once per run of batches rather than twice per request (BENCHMARKS.md, "Figures
+//! behind the defaults", has what those hand-overs cost). Every other call, and every call of a store without
 //! `AsyncStore` (`PgStore`), runs on the blocking pool.
 
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use super::flow::{self, Decided, Settling, Ticket};
 use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
 use super::{Problem, problem_type};
+use crate::api::backoff;
 use crate::api::heartbeat;
 use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, Lease};
@@ -71,7 +72,7 @@ impl Runner {
     /// holds it. Each claim needs a slot; none holds one while it waits.
     pub(crate) async fn claim(&self, mut ticket: Ticket, wait: Duration) -> Claimed {
         let deadline = Instant::now() + wait;
-        let mut pause = FIRST_PAUSE;
+        let mut pauses = backoff::doubling(FIRST_PAUSE, LAST_PAUSE);
         let mut waiting = false;
         loop {
             if waiting
@@ -100,8 +101,8 @@ impl Runner {
                     let _ = tokio::time::timeout(left, settled.changed()).await;
                 }
                 None => {
+                    let pause = pauses.next().unwrap_or(LAST_PAUSE);
                     tokio::time::sleep(pause.min(left)).await;
-                    pause = (pause * 2).min(LAST_PAUSE);
                 }
             }
         }

@@ -123,6 +123,10 @@ pub(crate) fn parse(url: &str) -> Result<Connection> {
 /// the host name (or IP address). rustls with the `ring` provider, so that building needs no
 /// system TLS library.
 fn connector(mode: SslMode, root_cert: Option<PathBuf>) -> Result<MakeRustlsConnect> {
+    // rustls 0.23.48 deprecates its ring provider for want of post-quantum key exchange. The
+    // other provider, aws-lc-rs, needs cmake to build, which this crate keeps out (see the
+    // `postgres` feature in Cargo.toml); `allow`, not `expect`: older 0.23s do not deprecate it.
+    #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -328,24 +332,13 @@ fn split_url(url: &str) -> Result<(String, Vec<(String, String)>)> {
     Ok((rest, options))
 }
 
+/// As `tokio-postgres` decodes the rest of the URL: a `%` not followed by two hex digits is
+/// kept as it is.
 fn percent_decode(text: &str) -> Result<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'%' {
-            let byte = text
-                .get(i + 1..i + 3)
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-                .ok_or_else(|| invalid(format!("bad percent-encoding in {text:?}")))?;
-            out.push(byte);
-            i += 3;
-        } else {
-            out.push(b);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid(format!("{text:?} does not decode to UTF-8")))
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(String::from)
+        .map_err(|_| invalid(format!("{text:?} does not decode to UTF-8")))
 }
 
 /// Takes `sslmode` and `sslrootcert` out of `key=value` pairs; the others are written back

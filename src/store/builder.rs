@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::api::clock::{Clock, SystemClock, millis};
 use crate::api::settings::{Settings, WhenFull, invalid_config};
 use crate::engine::batch::Quota;
+use crate::engine::config::Config;
 use crate::engine::effects::Registry;
-use crate::engine::handle::Config;
 use crate::engine::kept::Unregistered;
 use crate::engine::{layout, open};
 #[cfg(doc)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::api::backend::Swept;
+use crate::api::backoff;
 use crate::api::store::counted_sweep;
 use crate::error::{Error, Result};
 use crate::store::Store;
@@ -110,7 +111,7 @@ impl Signal {
 
 fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) -> u64 {
     let mut total = 0;
-    let mut backoff = FIRST_BACKOFF.min(interval);
+    let mut backoff = backoff::doubling(FIRST_BACKOFF.min(interval), interval);
     loop {
         if *signal.stopped.lock() {
             return total;
@@ -119,7 +120,7 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
             Ok(Swept { deleted, more }) => {
                 total += deleted as u64;
                 signal.health.lock().last_error = None;
-                backoff = FIRST_BACKOFF.min(interval);
+                backoff = backoff::doubling(FIRST_BACKOFF.min(interval), interval);
                 if more {
                     continue;
                 }
@@ -131,9 +132,7 @@ fn sweep_loop(store: &Store, signal: &Signal, interval: Duration, batch: usize) 
                 let mut health = signal.health.lock();
                 health.last_error = Some(err);
                 health.errors += 1;
-                let pause = backoff;
-                backoff = backoff.saturating_mul(2).min(interval);
-                pause
+                backoff.next().unwrap_or(interval)
             }
         };
         if signal.rest(pause) {

@@ -31,25 +31,21 @@ pub(crate) fn table(out: &mut dyn Write, header: &[&str], rows: &[Vec<String>]) 
     Ok(())
 }
 
-/// A timestamp as UTC, to the second: `2026-05-01T12:00:05Z`.
+/// A timestamp as UTC, to the second: `2026-05-01T12:00:05Z`. `time` reaches the end of year
+/// 9999; a later one (a saturated expiry, say) is shown as past that.
 pub(crate) fn utc(t: Timestamp) -> String {
-    let secs = t.as_millis() / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let secs = i64::try_from(t.as_millis() / 1000).unwrap_or(i64::MAX);
+    let Ok(at) = time::OffsetDateTime::from_unix_timestamp(secs) else {
+        return "after 9999-12-31T23:59:59Z".to_owned();
+    };
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
 }
 
@@ -123,28 +119,32 @@ pub(crate) fn shown_bytes(bytes: &[u8]) -> String {
 
 /// Lowercase hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    hex::encode(bytes)
 }
 
 /// Standard base64 (RFC 4648 §4) with padding.
 pub(crate) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
-        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                let sextet = (n >> (18 - 6 * i)) & 63;
-                out.push(char::from(ALPHABET[sextet as usize]));
-            } else {
-                out.push('=');
-            }
-        }
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates_and_encodings() {
+        let at = |ms| utc(Timestamp::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_405_999), "2000-02-29T00:00:05Z");
+        assert_eq!(at(1_777_636_805_000), "2026-05-01T12:00:05Z");
+        assert_eq!(at(253_402_300_799_000), "9999-12-31T23:59:59Z");
+        assert_eq!(at(253_402_300_800_000), "after 9999-12-31T23:59:59Z");
+        assert_eq!(at(u64::MAX), "after 9999-12-31T23:59:59Z");
+        assert_eq!(hex(&[0, 0xab, 0xff]), "00abff");
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo\xff"), "Zm9v/w==");
     }
-    out
 }
