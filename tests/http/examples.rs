@@ -21,19 +21,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[allow(dead_code)] // its `main` is not used here
-#[path = "../examples/payments_server.rs"]
+#[path = "../../examples/payments_server.rs"]
 mod payments_server;
 
 #[allow(dead_code)]
-#[path = "../examples/axum_payments.rs"]
+#[path = "../../examples/axum_payments.rs"]
 mod axum_payments;
 
 #[allow(dead_code)]
-#[path = "../examples/actix_payments.rs"]
+#[path = "../../examples/actix_payments.rs"]
 mod actix_payments;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod client;
 
 /// The options every payments server documents in `--help`.
@@ -335,7 +335,7 @@ impl ChildServer {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
-                "example_server_child",
+                "examples::example_server_child",
                 "--nocapture",
                 "--test-threads=1",
             ])

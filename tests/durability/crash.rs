@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
 
-mod acks;
+use crate::acks;
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
@@ -247,7 +247,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
-                "crash_child_process",
+                "crash::crash_child_process",
                 "--nocapture",
                 "--test-threads=1",
             ])

@@ -13,8 +13,7 @@ use idempotency_store::ManualClock;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 
-#[macro_use]
-mod reference;
+use crate::reference;
 use reference::{
     Caller, Checks, FINGERPRINTS, Failure, LEASE_MS, Model, Outcome, RETENTION_MS, SEQ_KEYS, Step,
     T0, Ties, builder, check_store, run_sequential, sweep_models, ts,

@@ -27,19 +27,19 @@ use idempotency_store::http::problem_type;
 use idempotency_store::redb::{self, ReadableTable};
 
 #[allow(dead_code)] // its `main` is not used here
-#[path = "../examples/payments_server.rs"]
+#[path = "../../examples/payments_server.rs"]
 mod payments_server;
 
 #[allow(dead_code)]
-#[path = "../examples/axum_payments.rs"]
+#[path = "../../examples/axum_payments.rs"]
 mod axum_payments;
 
 #[allow(dead_code)]
-#[path = "../examples/actix_payments.rs"]
+#[path = "../../examples/actix_payments.rs"]
 mod actix_payments;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod client;
 
 use client::{Client, Reply};
@@ -108,7 +108,7 @@ impl Server {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
-                "payments_server_child",
+                "payments_e2e::payments_server_child",
                 "--nocapture",
                 "--test-threads=1",
             ])

@@ -16,10 +16,11 @@
 //! - an answer larger than the store keeps: the stored 500 substitute, replayed after the
 //!   lease would have lapsed, the handler run once.
 
+#[path = "../adapters/mod.rs"]
 mod adapters;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod client;
 
 use std::sync::Arc;

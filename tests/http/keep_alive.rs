@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/server.rs"]
+#[path = "../../examples/payments_service/server.rs"]
 mod server;
 
 /// A server whose handler answers the number of requests it has handled so far.

@@ -298,7 +298,7 @@ impl Instance {
         let mut child = Command::new(exe)
             .args([
                 "--exact",
-                "pg_child_process",
+                "pg_multiprocess::pg_child_process",
                 "--nocapture",
                 "--test-threads=1",
             ])

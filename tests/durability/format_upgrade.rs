@@ -11,7 +11,7 @@ use idempotency_store::{
     Claim, Fingerprint, IdempotencyStore, Key, RecordState, Response, Result, Store,
 };
 
-mod raw;
+use crate::raw;
 use raw::{add_misfiled_format_3_record, downgrade_to_format_3, format_version};
 
 fn fp(i: usize) -> Fingerprint {
@@ -147,7 +147,7 @@ fn child(path: &Path, write: Option<(usize, usize)>) -> std::process::Child {
     command
         .args([
             "--exact",
-            "child_process_for_the_upgrade_tests",
+            "format_upgrade::child_process_for_the_upgrade_tests",
             "--nocapture",
         ])
         .env("IDEMPOTENCY_UPGRADE", path)

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use idempotency_store::{Claim, Error, Fingerprint, Key, RecordState, Response, Result, Store};
 use redb::ReadableTable;
 
-mod raw;
+use crate::raw;
 use raw::{EXPIRY, KEYS, META, RECORDS, key_hash, number_of, raw_redb};
 
 fn fp(i: usize) -> Fingerprint {
@@ -338,7 +338,11 @@ fn a_file_open_in_another_process_is_refused() -> Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("held.redb");
     let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "holder_process_for_the_lock_test", "--nocapture"])
+        .args([
+            "--exact",
+            "damaged::holder_process_for_the_lock_test",
+            "--nocapture",
+        ])
         .env("IDEMPOTENCY_HOLD_OPEN", &path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

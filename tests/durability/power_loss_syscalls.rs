@@ -42,6 +42,7 @@ use idempotency_store::{
     Claim, Durability, Key, ManualClock, Result, Store, StoreBuilder, Timestamp,
 };
 
+#[path = "../syscalls/mod.rs"]
 mod syscalls;
 use syscalls::check::{self, LEDGER, Model, checkpoint_data, fingerprint, response_for};
 use syscalls::image::{self, Fate, History, PAGE, SECTOR};
@@ -377,7 +378,7 @@ fn record(workload: &Workload, dir: &Path) -> trace::Trace {
         .arg(&exe)
         .args([
             "--exact",
-            "syscall_child_process",
+            "power_loss_syscalls::syscall_child_process",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-mod reference;
+use crate::reference;
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

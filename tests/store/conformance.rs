@@ -17,9 +17,7 @@ use idempotency_store::{
 };
 use proptest::prelude::*;
 
-#[macro_use]
-#[allow(unused_macros)]
-mod reference;
+use crate::reference;
 
 const LEASE: Duration = Duration::from_secs(60);
 const RETENTION: Duration = Duration::from_secs(24 * 3600);

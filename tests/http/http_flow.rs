@@ -14,11 +14,11 @@ use idempotency_store::http::{FingerprintPolicy, HandleOptions, LeaseWatch, hand
 use idempotency_store::{IdempotencyStore, Key, RecordState, Store};
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/server.rs"]
+#[path = "../../examples/payments_service/server.rs"]
 mod server;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod client;
 
 use client::{Client, Reply};

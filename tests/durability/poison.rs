@@ -17,7 +17,7 @@ use std::time::Duration;
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Key, ManualClock, Result, Store, Timestamp};
 
-mod acks;
+use crate::acks;
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint, response_for};
 
 const RETENTION: Duration = Duration::from_secs(3600);

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 #[allow(dead_code)] // its `main` is not used here
-#[path = "../examples/payments_server.rs"]
+#[path = "../../examples/payments_server.rs"]
 mod payments_server;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod client;
 
 use client::Client;

@@ -29,21 +29,21 @@ use idempotency_store::redb::{self, ReadableTable};
 use idempotency_store::{Key, RecordState, Response, Store};
 
 #[allow(dead_code)] // its `main` is not used here
-#[path = "../examples/axum_payments.rs"]
+#[path = "../../examples/axum_payments.rs"]
 mod axum_payments;
 
 #[allow(dead_code)] // its `main` is not used here
-#[path = "../examples/edge_client.rs"]
+#[path = "../../examples/edge_client.rs"]
 mod edge_client;
 
 // The sync server, for the control of the kill mid-request. It includes the service's files
 // as `axum_payments` does: two copies of the same modules, each server using its own.
 #[allow(dead_code, clippy::duplicate_mod)] // its `main` is not used here
-#[path = "../examples/payments_server.rs"]
+#[path = "../../examples/payments_server.rs"]
 mod payments_server;
 
 #[allow(dead_code)]
-#[path = "../examples/payments_service/client.rs"]
+#[path = "../../examples/payments_service/client.rs"]
 mod http_client;
 
 use axum_payments::server::LEDGER;
@@ -88,7 +88,12 @@ fn child() {
 fn spawn(role: &str, args: &[String], env: &[(&str, String)]) -> Child {
     let mut command = Command::new(std::env::current_exe().expect("test binary"));
     command
-        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "edge_client_crash::child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, role)
         .env(ARGS, args.join("\u{1f}"))
         .stdout(Stdio::piped())

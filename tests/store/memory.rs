@@ -32,7 +32,7 @@ const BOUND_MIB: u64 = 128;
 const DEFAULTS_BOUND_MIB: u64 = 256;
 /// Set in the child process that runs the workload.
 const CHILD: &str = "IDEMPOTENCY_STORE_MEMORY_CHILD";
-const TEST: &str = "sixty_four_threads_of_one_mib_responses_stay_under_the_bound";
+const TEST: &str = "memory::sixty_four_threads_of_one_mib_responses_stay_under_the_bound";
 
 #[cfg(target_os = "linux")]
 fn peak_rss_mib() -> u64 {
