@@ -1,6 +1,7 @@
 //! The outbound-key client (`idempotency_store::client`): keys that survive a reopen,
 //! mismatches, expiry, `pending()` order, and the retry helper's stop rules and retention
-//! cut-off on a `ManualClock`. The crash test with real processes is tests/edge_client_crash.rs.
+//! cut-off on a `ManualClock`. The crash test with real processes is
+//! tests/client/edge_client_crash.rs.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -242,7 +242,8 @@ fn run(plan: Option<Plan>) -> Result<Run> {
     let store = match open(disk.clone(), &clock) {
         Ok(store) => store,
         Err(_) => {
-            // Nothing was acknowledged; the half-made file is checked by tests/damaged.rs.
+            // Nothing was acknowledged; the half-made file is checked by
+            // tests/durability/damaged.rs.
             return Ok(Run {
                 fired: true,
                 opened: false,

@@ -1,7 +1,7 @@
 //! Power loss checked at the level of the real system calls, on the default build's own file
 //! I/O (`Store::open` on a path: redb's file backend, and the log's second handle opened with
 //! `O_DSYNC`, or in the `-portable` workloads without it, each write followed by `fdatasync`),
-//! where `tests/power_loss.rs` goes through a custom storage backend.
+//! where `tests/durability/power_loss.rs` goes through a custom storage backend.
 //!
 //! A child process (this test binary, re-run with `CHILD_ENV` set) runs a workload under
 //! `strace -f`, which records every `openat` (with its flags: which descriptor has `O_DSYNC`),

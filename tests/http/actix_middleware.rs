@@ -1,6 +1,6 @@
 //! What only the actix middleware has (the behaviour it shares with the tower layer is in
-//! `tests/http_adapters.rs`): a `NotFinal` in actix's own response extensions releases the key,
-//! and an error the inner service returns instead of a response is the answer, stored and
+//! `tests/http/http_adapters.rs`): a `NotFinal` in actix's own response extensions releases the
+//! key, and an error the inner service returns instead of a response is the answer, stored and
 //! replayed.
 
 use std::sync::Arc;

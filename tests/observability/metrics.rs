@@ -301,7 +301,8 @@ fn redb_overlay_generations_grow_with_the_log() {
     assert_eq!(overlay_after_claims(4 << 20), 3000, "4 MiB");
 }
 
-/// An in-memory disk whose syncs fail with `EIO` once `failing` is set (as in tests/edges.rs).
+/// An in-memory disk whose syncs fail with `EIO` once `failing` is set (as in
+/// tests/store/edges.rs).
 #[derive(Debug, Default)]
 struct FailingSyncs {
     inner: idempotency_store::redb::backends::InMemoryBackend,

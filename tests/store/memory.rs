@@ -2,7 +2,7 @@
 //! (the default `max_response_bytes`) keep the process's peak resident memory under a
 //! documented bound (docs/durability.md, "Memory"). Linux only: it reads `VmHWM` from
 //! /proc/self/status.
-//! One test in this binary, so that the peak is this workload's.
+//! The workload runs alone in a child process of the test binary, so that the peak is its own.
 //!
 //! The bound is on what the store keeps, so the workload runs in a child process with glibc's
 //! `mmap` threshold fixed at its starting value (128 KiB). With the threshold left adaptive,
