@@ -9,6 +9,8 @@ use idempotency_store::{
     Timestamp, metrics::Metrics,
 };
 
+use crate::common::disk::FailingSyncs;
+
 const LEASE: Duration = Duration::from_secs(60);
 const RETENTION: Duration = Duration::from_secs(3600);
 const T0: u64 = 1_700_000_000_000;
@@ -299,39 +301,6 @@ fn redb_overlay_generations_grow_with_the_log() {
     let default = overlay_after_claims(1 << 20);
     assert!(default < 2500, "1 MiB: {default} records in the overlay");
     assert_eq!(overlay_after_claims(4 << 20), 3000, "4 MiB");
-}
-
-/// An in-memory disk whose syncs fail with `EIO` once `failing` is set (as in
-/// tests/store/edges.rs).
-#[derive(Debug, Default)]
-struct FailingSyncs {
-    inner: idempotency_store::redb::backends::InMemoryBackend,
-    failing: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl idempotency_store::redb::StorageBackend for FailingSyncs {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.inner.set_len(len)
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(std::io::Error::from_raw_os_error(5));
-        }
-        self.inner.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.inner.write(offset, data)
-    }
 }
 
 #[test]

@@ -3,6 +3,8 @@
 
 use idempotency_store::{Claim, Error, Fingerprint, Key, Response, Result, Store, redb};
 
+use crate::common::disk::FailingSyncs;
+
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
 
 #[test]
@@ -89,38 +91,6 @@ fn a_store_call_inside_complete_with_is_refused_not_a_deadlock() -> Result<()> {
     store.complete(&other, Response::new(200, "after"))?;
     assert!(store.stats().is_ok());
     Ok(())
-}
-
-/// An in-memory disk whose syncs fail with `EIO` once `failing` is set.
-#[derive(Debug, Default)]
-struct FailingSyncs {
-    inner: redb::backends::InMemoryBackend,
-    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl redb::StorageBackend for FailingSyncs {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.inner.set_len(len)
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(std::io::Error::from_raw_os_error(5));
-        }
-        self.inner.sync_data()
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.inner.write(offset, data)
-    }
 }
 
 /// The sweeper's waits after failures in a row double from 10 ms up to its interval (1 s):

@@ -9,6 +9,9 @@
 #[path = "../reference/mod.rs"]
 mod reference;
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod async_store;
 mod clock;
 mod complete_with;
