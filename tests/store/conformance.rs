@@ -949,35 +949,9 @@ const MODEL_REGRESSIONS: &[&[u8]] = &[
 // The two backends
 // ---------------------------------------------------------------------------------------------
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        /// Every conformance test on the embedded redb store (in memory).
-        mod redb_backend {
-            $(
-                #[test]
-                fn $name() -> idempotency_store::Result<()> {
-                    super::$name(&super::open_redb)
-                }
-            )*
-        }
-
-        /// Every conformance test on PostgreSQL, each on a fresh schema.
-        #[cfg(feature = "postgres")]
-        mod postgres_backend {
-            $(
-                #[test]
-                fn $name() -> idempotency_store::Result<()> {
-                    let Some(db) = super::pg::Db::fresh(stringify!($name)) else {
-                        return Ok(());
-                    };
-                    super::$name(&|settings| db.open(settings))
-                }
-            )*
-        }
-    };
-}
-
-conformance! {
+on_both_backends! {
+    redb: &super::open_redb,
+    postgres(db = super::pg::Db::fresh): &|settings| db.open(settings);
     fresh_key_is_acquired_with_attempt_one,
     live_lease_answers_in_progress_until_the_deadline,
     different_fingerprint_is_a_mismatch_in_every_state,

@@ -9,6 +9,7 @@
 #[path = "../reference/mod.rs"]
 mod reference;
 
+#[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
 

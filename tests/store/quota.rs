@@ -219,35 +219,9 @@ fn usage_counters_survive_reopen_and_deletes<B: Backend>(backend: B) -> Result<(
     Ok(())
 }
 
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        /// Every quota test on the embedded redb store.
-        mod redb_backend {
-            $(
-                #[test]
-                fn $name() -> idempotency_store::Result<()> {
-                    super::$name(super::redb())
-                }
-            )*
-        }
-
-        /// Every quota test on PostgreSQL, each on a fresh schema.
-        #[cfg(feature = "postgres")]
-        mod postgres_backend {
-            $(
-                #[test]
-                fn $name() -> idempotency_store::Result<()> {
-                    let Some(schema) = super::pg::Schema::fresh(stringify!($name)) else {
-                        return Ok(());
-                    };
-                    super::$name(schema)
-                }
-            )*
-        }
-    };
-}
-
-both_backends! {
+on_both_backends! {
+    redb: super::redb(),
+    postgres(schema = super::pg::Schema::fresh): schema;
     a_full_store_refuses_new_keys_but_serves_existing_ones,
     expired_records_make_room_before_a_claim_is_refused,
     eviction_takes_the_oldest_completed_never_in_progress,
