@@ -7,6 +7,8 @@
 // its macros and the fuzz target expect it.
 #[path = "../acks/mod.rs"]
 mod acks;
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "../raw/mod.rs"]
 mod raw;
 #[path = "../reference/mod.rs"]

@@ -11,13 +11,13 @@
 //! makes them durable. A store that went on writing and merging after such a failure
 //! would record as durable a state the disk does not hold.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Error, Key, ManualClock, Result, Store, Timestamp};
 
 use crate::acks;
+use crate::common::disk::{Faults, Op, Sim, SimDisk};
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint, response_for};
 
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -54,18 +54,16 @@ struct Plan {
     failure: Failure,
 }
 
+/// The planned fault of a [`FaultyDisk`], and its calls so far.
 #[derive(Debug, Default)]
-struct Disk {
-    live: Vec<u8>,
-    durable: Vec<u8>,
-    pending: Vec<(u64, Vec<u8>)>,
+struct Counts {
     writes: u64,
     syncs: u64,
     plan: Option<Plan>,
     fired: bool,
 }
 
-impl Disk {
+impl Counts {
     /// Counts a call of `kind`; the planned failure if this is it.
     fn tick(&mut self, kind: Kind) -> Option<Failure> {
         let count = match kind {
@@ -90,91 +88,37 @@ fn fail(failure: Failure) -> std::io::Error {
     }
 }
 
-#[derive(Debug, Clone)]
-struct FaultyDisk(Arc<Mutex<Disk>>);
+impl Faults for Counts {
+    // Sizes are synced at once here; the writes are what a failed sync loses.
+    const SIZES_DURABLE: bool = true;
 
-impl FaultyDisk {
-    fn new(plan: Option<Plan>) -> Self {
-        FaultyDisk(Arc::new(Mutex::new(Disk {
-            plan,
-            ..Disk::default()
-        })))
-    }
-
-    fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn image(image: Vec<u8>) -> Self {
-        FaultyDisk(Arc::new(Mutex::new(Disk {
-            durable: image.clone(),
-            live: image,
-            ..Disk::default()
-        })))
-    }
-}
-
-fn put(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let (start, end) = (offset as usize, offset as usize + data.len());
-    if image.len() < end {
-        image.resize(end, 0);
-    }
-    image[start..end].copy_from_slice(data);
-}
-
-impl redb::StorageBackend for FaultyDisk {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.disk().live.len() as u64)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let disk = self.disk();
-        let data = disk
-            .live
-            .get(offset as usize..offset as usize + out.len())
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        out.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        if let Some(failure) = disk.tick(Kind::Write) {
-            drop(disk);
-            return Err(fail(failure));
-        }
-        // Sizes are synced at once here; the writes are what a failed sync loses.
-        disk.live.resize(len as usize, 0);
-        disk.durable.resize(len as usize, 0);
-        Ok(())
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        if let Some(failure) = disk.tick(Kind::Sync) {
+    fn check(sim: &mut Sim<Self>, op: Op) -> std::io::Result<()> {
+        let kind = if op == Op::Sync {
+            Kind::Sync
+        } else {
+            Kind::Write
+        };
+        let Some(failure) = sim.faults.tick(kind) else {
+            return Ok(());
+        };
+        if op == Op::Sync {
             // fsyncgate: the pages that failed to write are dropped from the writeback, clean.
-            disk.pending.clear();
-            drop(disk);
-            return Err(fail(failure));
+            sim.pending.clear();
         }
-        for (offset, data) in std::mem::take(&mut disk.pending) {
-            put(&mut disk.durable, offset, &data);
-        }
-        Ok(())
+        Err(fail(failure))
     }
+}
 
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        if let Some(failure) = disk.tick(Kind::Write) {
-            drop(disk);
-            return Err(fail(failure));
-        }
-        put(&mut disk.live, offset, data);
-        disk.pending.push((offset, data.to_vec()));
-        Ok(())
-    }
+type FaultyDisk = SimDisk<Counts>;
+
+fn faulty(plan: Option<Plan>) -> FaultyDisk {
+    SimDisk::of(
+        Vec::new(),
+        Counts {
+            plan,
+            ..Counts::default()
+        },
+    )
 }
 
 fn open(disk: FaultyDisk, clock: &ManualClock) -> Result<Store> {
@@ -237,7 +181,7 @@ struct Run {
 
 fn run(plan: Option<Plan>) -> Result<Run> {
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
-    let disk = FaultyDisk::new(plan);
+    let disk = faulty(plan);
     let mut acks = Acks::default();
     let store = match open(disk.clone(), &clock) {
         Ok(store) => store,
@@ -254,7 +198,7 @@ fn run(plan: Option<Plan>) -> Result<Run> {
     // Waits for the flush thread's report, so a fault there has been seen.
     let settled = store.stats();
     let poisons = plan.is_some_and(|p| p.failure.poisons(p.kind));
-    let fired = disk.disk().fired;
+    let fired = disk.sim().faults.fired;
     let fresh = store.claim(&Key::new("fresh")?, fingerprint("fresh"));
     if fired && poisons {
         // Poisoned, or the fault fired in its own flush.
@@ -276,14 +220,14 @@ fn run(plan: Option<Plan>) -> Result<Run> {
             "{plan:?}: poisoned without a fault that may lose data: {fresh:?}"
         );
     }
-    let fired_before_close = disk.disk().fired;
+    let fired_before_close = disk.sim().faults.fired;
     let closed = store.close();
     if fired_before_close && poisons {
         assert!(
             matches!(closed, Err(Error::Poisoned { .. })),
             "{plan:?}: close of a poisoned store: {closed:?}"
         );
-    } else if disk.disk().fired && !fired_before_close {
+    } else if disk.sim().faults.fired && !fired_before_close {
         // The fault fired in the close (its merge, or redb's own close).
         assert!(
             closed.is_err(),
@@ -292,14 +236,14 @@ fn run(plan: Option<Plan>) -> Result<Run> {
     } else if !fired_before_close {
         closed?;
     }
-    let fired = disk.disk().fired;
+    let fired = disk.sim().faults.fired;
     // Power back on with what was synced, and a clean restart with what the kernel kept.
     let (durable, live) = {
-        let disk = disk.disk();
+        let disk = disk.sim();
         (disk.durable.clone(), disk.live.clone())
     };
     for image in [durable, live] {
-        let store = open(FaultyDisk::image(image), &clock)?;
+        let store = open(FaultyDisk::of(image, Counts::default()), &clock)?;
         assert!(store.verify()?.is_clean(), "{plan:?}");
         acks.check(&store, store.now()?.as_millis(), RETENTION)?;
         check_ledger(&store, store.now()?.as_millis(), RETENTION)?;
@@ -317,7 +261,7 @@ fn run(plan: Option<Plan>) -> Result<Run> {
 
 /// Every call of `kind` in turn fails with `failure`; returns how many runs opened a store.
 fn every_step(kind: Kind, failure: Failure) -> Result<usize> {
-    let clean = FaultyDisk::new(None);
+    let clean = faulty(None);
     {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
         let store = open(clean.clone(), &clock)?;
@@ -326,8 +270,8 @@ fn every_step(kind: Kind, failure: Failure) -> Result<usize> {
         store.close()?;
     }
     let calls = match kind {
-        Kind::Write => clean.disk().writes,
-        Kind::Sync => clean.disk().syncs,
+        Kind::Write => clean.sim().faults.writes,
+        Kind::Sync => clean.sim().faults.syncs,
     };
     let mut opened = 0;
     for nth in 0..=calls {
@@ -383,15 +327,15 @@ fn edquot_on_any_write_does_not_poison_and_loses_nothing_acknowledged() -> Resul
 #[test]
 fn reads_go_on_while_poisoned() -> Result<()> {
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
-    let disk = FaultyDisk::new(None);
+    let disk = faulty(None);
     let store = open(disk.clone(), &clock)?;
     let mut acks = Acks::default();
     for i in 0..3 {
         step(&store, &mut acks, &format!("k{i}"), i)?;
     }
     // The next sync fails: the next batch's log entry.
-    let syncs = disk.disk().syncs;
-    disk.disk().plan = Some(Plan {
+    let syncs = disk.sim().faults.syncs;
+    disk.sim().faults.plan = Some(Plan {
         kind: Kind::Sync,
         nth: syncs,
         failure: Failure::Eio,

@@ -6,142 +6,20 @@
 //! This reaches states a SIGKILL cannot: after a kill the OS still writes what the
 //! process handed it; after a power cut, unsynced writes are lost or torn.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Durability, Key, ManualClock, Result, Store, Timestamp};
 
 use crate::acks;
+use crate::common::disk::{PowerCut, SimDisk};
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const RETENTION: Duration = Duration::from_secs(3600);
 
-#[derive(Debug)]
-enum Pending {
-    Data(u64, Vec<u8>),
-    Len(u64),
-}
-
-#[derive(Debug, Default)]
-struct Disk {
-    live: Vec<u8>,
-    durable: Vec<u8>,
-    pending: Vec<Pending>,
-    /// Writes (and resizes) left before the power goes; `None` means never.
-    budget: Option<u64>,
-    cut: bool,
-}
-
-impl Disk {
-    fn tick(&mut self) -> std::io::Result<()> {
-        if self.cut {
-            return Err(std::io::Error::other("power is off"));
-        }
-        match self.budget {
-            Some(0) => {
-                self.cut = true;
-                Err(std::io::Error::other("power cut"))
-            }
-            Some(n) => {
-                self.budget = Some(n - 1);
-                Ok(())
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// What the platters hold after the cut: the durable image plus whichever unsynced
-    /// writes happened to land (`keep` decides, in order).
-    fn crash_image(&self, mut keep: impl FnMut() -> bool) -> Vec<u8> {
-        let mut image = self.durable.clone();
-        for write in &self.pending {
-            if !keep() {
-                continue;
-            }
-            match write {
-                Pending::Data(offset, data) => apply(&mut image, *offset, data),
-                Pending::Len(len) => image.resize(*len as usize, 0),
-            }
-        }
-        image
-    }
-}
-
-fn apply(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let (start, end) = (offset as usize, offset as usize + data.len());
-    if image.len() < end {
-        image.resize(end, 0);
-    }
-    image[start..end].copy_from_slice(data);
-}
-
-#[derive(Debug, Clone)]
-struct SimBackend(Arc<Mutex<Disk>>);
-
-impl SimBackend {
-    fn new(image: Vec<u8>, budget: Option<u64>) -> Self {
-        SimBackend(Arc::new(Mutex::new(Disk {
-            durable: image.clone(),
-            live: image,
-            budget,
-            ..Disk::default()
-        })))
-    }
-
-    fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl redb::StorageBackend for SimBackend {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.disk().live.len() as u64)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let disk = self.disk();
-        let (start, end) = (offset as usize, offset as usize + out.len());
-        let data = disk
-            .live
-            .get(start..end)
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        out.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        disk.tick()?;
-        disk.live.resize(len as usize, 0);
-        disk.pending.push(Pending::Len(len));
-        Ok(())
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        disk.tick()?;
-        // durable + every pending write = live; applying them is cheaper than a copy of live.
-        let pending = std::mem::take(&mut disk.pending);
-        for write in pending {
-            match write {
-                Pending::Data(offset, data) => apply(&mut disk.durable, offset, &data),
-                Pending::Len(len) => disk.durable.resize(len as usize, 0),
-            }
-        }
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        disk.tick()?;
-        apply(&mut disk.live, offset, data);
-        disk.pending.push(Pending::Data(offset, data.to_vec()));
-        Ok(())
-    }
-}
+/// The simulated disk, its power cut after a budget of writes, resizes and syncs.
+type SimBackend = SimDisk<PowerCut>;
 
 struct Rng(u64);
 
@@ -217,7 +95,7 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
     let (mut cuts_in_open, mut checked, mut torn_writes, mut rows) = (0, 0, 0, 0);
     for iteration in 0..iterations {
         let budget = 1 + rng.next() % 600;
-        let backend = SimBackend::new(image.clone(), Some(budget));
+        let backend = SimDisk::of(image.clone(), PowerCut::after(Some(budget)));
         match open(backend.clone(), &clock, durability) {
             Ok(store) => {
                 workload(&store, &acks, iteration);
@@ -225,13 +103,13 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
             }
             Err(_) => cuts_in_open += 1,
         }
-        let disk = backend.disk();
+        let disk = backend.sim();
         torn_writes += disk.pending.len();
         let crash = disk.crash_image(|| rng.next().is_multiple_of(2));
         drop(disk);
 
         // Power back: reopen from what the disk kept.
-        let recovered = SimBackend::new(crash, None);
+        let recovered = SimDisk::of(crash, PowerCut::after(None));
         let store = open(recovered.clone(), &clock, durability)?;
         let report = store.verify()?;
         assert!(report.is_clean(), "iteration {iteration}: {report:?}");
@@ -246,7 +124,7 @@ fn run(durability: Durability, iterations: usize, seed: u64) -> Result<()> {
         };
         store.release(&lease)?;
         drop(store);
-        image = recovered.disk().live.clone();
+        image = recovered.sim().live.clone();
     }
     println!(
         "power loss ({durability:?}): {iterations} cuts ({cuts_in_open} during open), \

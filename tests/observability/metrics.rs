@@ -306,7 +306,7 @@ fn redb_overlay_generations_grow_with_the_log() {
 #[test]
 fn redb_shows_the_sweepers_last_error() {
     let disk = FailingSyncs::default();
-    let failing = Arc::clone(&disk.failing);
+    let failing = Arc::clone(&disk.sim().faults.0);
     let store = Arc::new(Store::builder().open_with_backend(disk).expect("open"));
     failing.store(true, std::sync::atomic::Ordering::SeqCst);
     let failed = store.claim(&key("k"), fp("a"));

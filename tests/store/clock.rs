@@ -8,6 +8,8 @@ use std::time::Duration;
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Fingerprint, Key, ManualClock, Response, Result, Store, Timestamp};
 
+use crate::common::disk::{Faults, Op, SimDisk};
+
 const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);
 
@@ -156,14 +158,6 @@ fn a_time_seen_only_by_a_read_survives_a_reopen() -> Result<()> {
     Ok(())
 }
 
-/// What the disk holds: writes are durable once a sync returns.
-#[derive(Default)]
-struct Disk {
-    live: Vec<u8>,
-    pending: Vec<(u64, Vec<u8>)>,
-    durable: Vec<u8>,
-}
-
 type Merges = Box<dyn Fn() -> u64 + Send>;
 
 #[derive(Default)]
@@ -172,38 +166,30 @@ struct Gate {
     image: Option<Vec<u8>>,
 }
 
+/// The fault of a [`GatedDisk`]: its gate.
+#[derive(Clone, Default)]
+struct Gated(std::sync::Arc<std::sync::Mutex<Gate>>);
+
 /// A store's disk whose `gate`, while armed, holds a write from any thread but the flush
 /// thread's until `merges` (the store's count of merges) passes the armed value, and keeps the
 /// durable image of that moment: a power cut right after a merge, before the next log entry.
-#[derive(Clone, Default)]
-struct GatedDisk {
-    disk: std::sync::Arc<std::sync::Mutex<Disk>>,
-    gate: std::sync::Arc<std::sync::Mutex<Gate>>,
+type GatedDisk = SimDisk<Gated>;
+
+fn gate(disk: &GatedDisk) -> std::sync::Arc<std::sync::Mutex<Gate>> {
+    std::sync::Arc::clone(&disk.sim().faults.0)
 }
 
-impl GatedDisk {
-    fn of(image: Vec<u8>) -> Self {
-        let disk = Disk {
-            live: image.clone(),
-            durable: image,
-            pending: Vec::new(),
-        };
-        GatedDisk {
-            disk: std::sync::Arc::new(std::sync::Mutex::new(disk)),
-            ..GatedDisk::default()
-        }
-    }
-
-    fn disk(&self) -> std::sync::MutexGuard<'_, Disk> {
-        self.disk.lock().expect("disk")
-    }
+impl Faults for Gated {
+    // Writes are durable once a sync returns; sizes at once.
+    const SIZES_DURABLE: bool = true;
 
     /// Holds a write back until the merge in flight is durable; keeps that image.
-    fn hold(&self) {
-        if std::thread::current().name() == Some("idempotency-store-flush") {
+    fn gate(disk: &GatedDisk, op: Op) {
+        if op != Op::Write || std::thread::current().name() == Some("idempotency-store-flush") {
             return;
         }
-        let mut gate = self.gate.lock().expect("gate");
+        let gate = gate(disk);
+        let mut gate = gate.lock().expect("gate");
         let Some((before, merges)) = gate.armed.take() else {
             return;
         };
@@ -215,60 +201,7 @@ impl GatedDisk {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        gate.image = Some(self.disk().durable.clone());
-    }
-}
-
-fn put(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
-    let end = offset as usize + data.len();
-    if image.len() < end {
-        image.resize(end, 0);
-    }
-    image[offset as usize..end].copy_from_slice(data);
-}
-
-impl std::fmt::Debug for GatedDisk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GatedDisk")
-    }
-}
-
-impl redb::StorageBackend for GatedDisk {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.disk().live.len() as u64)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let disk = self.disk();
-        let data = disk
-            .live
-            .get(offset as usize..offset as usize + out.len())
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        out.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        disk.live.resize(len as usize, 0);
-        disk.durable.resize(len as usize, 0);
-        Ok(())
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        let mut disk = self.disk();
-        for (offset, data) in std::mem::take(&mut disk.pending) {
-            put(&mut disk.durable, offset, &data);
-        }
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.hold();
-        let mut disk = self.disk();
-        put(&mut disk.live, offset, data);
-        disk.pending.push((offset, data.to_vec()));
-        Ok(())
+        gate.image = Some(disk.sim().durable.clone());
     }
 }
 
@@ -341,16 +274,16 @@ fn a_time_seen_only_by_a_read_survives_a_crash_after_a_merge() -> Result<()> {
             .upgrade()
             .map_or(u64::MAX, |store| merges_of(&store))
     });
-    disk.gate.lock().expect("gate").armed = Some((0, merges));
+    gate(&disk).lock().expect("gate").armed = Some((0, merges));
     filler(&store, trigger)?;
-    let image = disk.gate.lock().expect("gate").image.take();
+    let image = gate(&disk).lock().expect("gate").image.take();
     let image = image.expect("the write after the lookup did not wait for a merge");
     drop(store);
 
     clock.set(Timestamp::from_millis(
         T0 + RETENTION.as_millis() as u64 - 1,
     ));
-    let store = open_gated(GatedDisk::of(image), &clock)?;
+    let store = open_gated(GatedDisk::of(image, Gated::default()), &clock)?;
     assert_eq!(
         store.lookup(&Key::new("k")?)?,
         None,

@@ -3,7 +3,7 @@
 
 use idempotency_store::{Claim, Error, Fingerprint, Key, Response, Result, Store, redb};
 
-use crate::common::disk::FailingSyncs;
+use crate::common::disk::{FailingSyncs, PowerCut, SimDisk};
 
 const LEDGER: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("ledger");
 
@@ -101,7 +101,7 @@ fn a_store_call_inside_complete_with_is_refused_not_a_deadlock() -> Result<()> {
 fn a_failing_sweepers_backoff_grows() -> Result<()> {
     use std::time::{Duration, Instant};
     let disk = FailingSyncs::default();
-    let failing = std::sync::Arc::clone(&disk.failing);
+    let failing = std::sync::Arc::clone(&disk.sim().faults.0);
     let store = std::sync::Arc::new(Store::builder().open_with_backend(disk)?);
     failing.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
@@ -148,7 +148,7 @@ fn a_failing_sweepers_backoff_grows() -> Result<()> {
 #[test]
 fn a_failing_sweeper_retries_and_shows_its_error() -> Result<()> {
     let disk = FailingSyncs::default();
-    let failing = std::sync::Arc::clone(&disk.failing);
+    let failing = std::sync::Arc::clone(&disk.sim().faults.0);
     let store = std::sync::Arc::new(Store::builder().open_with_backend(disk)?);
     failing.store(true, std::sync::atomic::Ordering::SeqCst);
     let failed = store.claim(&Key::new("k")?, Fingerprint::of(["k"]));
@@ -204,72 +204,7 @@ fn a_mistyped_path_is_refused_when_create_if_missing_is_off() -> Result<()> {
 
 /// A disk that loses power after `budget` writes and syncs: what it holds is what the syncs
 /// covered, plus (with `keep`) every write handed over after the last one.
-#[derive(Debug, Clone, Default)]
-struct Cut(std::sync::Arc<std::sync::Mutex<CutDisk>>);
-
-#[derive(Debug, Default)]
-struct CutDisk {
-    live: Vec<u8>,
-    durable: Vec<u8>,
-    budget: Option<u64>,
-}
-
-impl Cut {
-    fn disk(&self) -> std::sync::MutexGuard<'_, CutDisk> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn tick(&self) -> std::io::Result<std::sync::MutexGuard<'_, CutDisk>> {
-        let mut disk = self.disk();
-        match disk.budget {
-            Some(0) => Err(std::io::Error::other("power cut")),
-            Some(n) => {
-                disk.budget = Some(n - 1);
-                Ok(disk)
-            }
-            None => Ok(disk),
-        }
-    }
-}
-
-impl redb::StorageBackend for Cut {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.disk().live.len() as u64)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let disk = self.disk();
-        let data = disk
-            .live
-            .get(offset as usize..offset as usize + out.len())
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        out.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.tick()?.live.resize(len as usize, 0);
-        Ok(())
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        let mut disk = self.tick()?;
-        disk.durable = disk.live.clone();
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut disk = self.tick()?;
-        let end = offset as usize + data.len();
-        if disk.live.len() < end {
-            disk.live.resize(end, 0);
-        }
-        disk.live[offset as usize..end].copy_from_slice(data);
-        Ok(())
-    }
-}
+type Cut = SimDisk<PowerCut>;
 
 /// A power cut at any write or sync while a store is being created leaves a file that either
 /// opens as an empty store or is refused with a message saying its creation was cut short;
@@ -278,8 +213,7 @@ impl redb::StorageBackend for Cut {
 fn a_creation_cut_short_is_named_as_such() -> Result<()> {
     let mut cut_short = 0;
     for budget in 0.. {
-        let disk = Cut::default();
-        disk.disk().budget = Some(budget);
+        let disk = Cut::of(Vec::new(), PowerCut::after(Some(budget)));
         let created = Store::builder()
             .log_size(16 << 10)
             .open_with_backend(disk.clone());
@@ -290,12 +224,11 @@ fn a_creation_cut_short_is_named_as_such() -> Result<()> {
             break;
         }
         let (durable, live) = {
-            let disk = disk.disk();
+            let disk = disk.sim();
             (disk.durable.clone(), disk.live.clone())
         };
         for image in [durable, live] {
-            let after = Cut::default();
-            after.disk().live = image;
+            let after = Cut::of(image, PowerCut::default());
             match Store::builder().log_size(16 << 10).open_with_backend(after) {
                 Ok(store) => store.close()?,
                 Err(Error::NotAStore { reason }) if reason.contains("creation was cut short") => {

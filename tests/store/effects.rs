@@ -6,6 +6,8 @@ use std::sync::{Arc, Barrier};
 use idempotency_store::redb::{self, ReadableTable, ReadableTableMetadata, TableDefinition};
 use idempotency_store::{Claim, Error, Fingerprint, Key, Lease, Response, Result, Store};
 
+use crate::common::disk::SimDisk;
+
 const LEDGER: TableDefinition<&str, u64> = TableDefinition::new("ledger");
 const BALANCE: TableDefinition<&str, u64> = TableDefinition::new("balance");
 const OTHER: TableDefinition<&str, u64> = TableDefinition::new("other");
@@ -349,53 +351,10 @@ fn effect_tables_may_not_take_the_stores_names() {
 
 /// A file in memory whose bytes can be copied at any instant: a copy is what a SIGKILL at that
 /// instant leaves (every write the process made, nothing it did not).
-#[derive(Debug, Clone, Default)]
-struct Image(Arc<std::sync::Mutex<Vec<u8>>>);
+type Image = SimDisk;
 
-impl Image {
-    fn bytes(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn copy(&self) -> Image {
-        Image(Arc::new(std::sync::Mutex::new(self.bytes().clone())))
-    }
-}
-
-impl redb::StorageBackend for Image {
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(self.bytes().len() as u64)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        let bytes = self.bytes();
-        let data = bytes
-            .get(offset as usize..offset as usize + out.len())
-            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        out.copy_from_slice(data);
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.bytes().resize(len as usize, 0);
-        Ok(())
-    }
-
-    fn sync_data(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut bytes = self.bytes();
-        let end = offset as usize + data.len();
-        if bytes.len() < end {
-            bytes.resize(end, 0);
-        }
-        bytes[offset as usize..end].copy_from_slice(data);
-        Ok(())
-    }
+fn copy(disk: &Image) -> Image {
+    SimDisk::of(disk.sim().live.clone(), ())
 }
 
 /// Rows still only in the log at a crash are redone at open, which needs their table: an
@@ -409,10 +368,10 @@ fn a_crash_image_with_logged_rows_needs_their_table() -> Result<()> {
     store.complete_with_effects(&lease, Response::new(201, "charged"), |fx| {
         fx.insert(LEDGER, "pay-1", 4999)
     })??;
-    let crashed = disk.copy();
+    let crashed = copy(&disk);
     store.close()?;
 
-    match Store::builder().open_with_backend(crashed.copy()) {
+    match Store::builder().open_with_backend(copy(&crashed)) {
         Err(Error::EffectTable { table, reason }) => {
             assert_eq!(table, "ledger");
             assert!(reason.contains("effect_table"), "{reason}");
