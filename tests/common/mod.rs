@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod disk;
+#[cfg(feature = "postgres")]
+pub mod pg;
 
 /// Expands each named test into one on the embedded redb store (`redb_backend::NAME`) and one
 /// on PostgreSQL (`postgres_backend::NAME`), calling the test function `NAME` of the invoking

@@ -139,13 +139,7 @@ mod pg {
 
     /// A `PgStore` on a fresh schema of its own, or `None` without `IDEMPOTENCY_PG_URL`.
     pub fn store(test: &str, lease: Duration) -> Option<PgStore> {
-        let Some(url) = std::env::var("IDEMPOTENCY_PG_URL")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-        else {
-            eprintln!("skipped on PgStore: IDEMPOTENCY_PG_URL is not set");
-            return None;
-        };
+        let url = crate::common::pg::url()?;
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let schema = format!(
             "http_{test}_{}_{}",

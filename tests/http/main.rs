@@ -4,6 +4,9 @@
 // Several modules compile the same example sources (`#[path]`), each for its own test.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod actix_middleware;
 mod examples;
 mod http_adapters;

@@ -413,8 +413,7 @@ fn redb_in_memory_writes_no_log_and_merges_each_generation() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_counts_each_outcome() {
-    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
-        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+    let Some(url) = crate::common::pg::url() else {
         return;
     };
     let schema = format!("metrics_{}", std::process::id());
@@ -466,8 +465,7 @@ fn postgres_counts_each_outcome() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_counts_claim_wait_waits_and_timeouts() {
-    let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") else {
-        eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+    let Some(url) = crate::common::pg::url() else {
         return;
     };
     let schema = format!("metrics_wait_{}", std::process::id());

@@ -31,6 +31,8 @@ use idempotency_store::{
     Claim, Fingerprint, IdempotencyStore, Key, RecordState, Response, Result, pg::PgStore,
 };
 
+use crate::common::pg::{Schema, url};
+
 const CHILD_ENV: &str = "IDEMPOTENCY_PG_CHILD";
 const SCHEMA_ENV: &str = "IDEMPOTENCY_PG_CHILD_SCHEMA";
 const NAME_ENV: &str = "IDEMPOTENCY_PG_CHILD_NAME";
@@ -55,57 +57,6 @@ fn fingerprint(name: &str) -> Fingerprint {
 }
 
 // ---------------------------------------------------------------- fixtures
-
-/// The server's URL, or `None` (reason printed) locally; a failure under `CI=true`.
-fn url() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-            "CI=true but IDEMPOTENCY_PG_URL is not set: the multi-process PostgreSQL tests must \
-             run in CI (.ci/run starts the server and exports the URL)"
-        ),
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
-            None
-        }
-    }
-}
-
-/// A schema for one test, dropped before and after.
-struct Schema {
-    url: String,
-    name: String,
-}
-
-impl Schema {
-    fn new(url: String, test: &str) -> Schema {
-        let schema = Schema {
-            url,
-            name: format!("multi_{test}_{}", std::process::id()),
-        };
-        schema.drop_it();
-        schema
-    }
-
-    fn drop_it(&self) {
-        let dropped = postgres::Client::connect(
-            &self.url.replace(" prepare_statements=false", ""),
-            postgres::NoTls,
-        )
-        .and_then(|mut c| {
-            c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-        });
-        if let Err(e) = dropped {
-            eprintln!("could not drop schema {}: {e}", self.name);
-        }
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        self.drop_it();
-    }
-}
 
 fn store(url: &str, schema: &str, lease_ms: u64) -> Result<PgStore> {
     PgStore::builder()
@@ -380,7 +331,7 @@ fn racing_processes_acquire_each_key_exactly_once() -> Result<()> {
     }
     let Some(url) = url() else { return Ok(()) };
     let _scenario = one_at_a_time();
-    let schema = Schema::new(url.clone(), "race");
+    let schema = Schema::named(url.clone(), "multi", "race");
     // All processes connect at once, so they race the migration as well.
     let mut racers: Vec<Instance> = (0..RACE_PROCESSES)
         .map(|p| Instance::spawn("racer", &format!("p{p}"), &url, &schema.name))
@@ -450,7 +401,7 @@ fn a_killed_holder_is_taken_over_only_after_its_lease() -> Result<()> {
     }
     let Some(url) = url() else { return Ok(()) };
     let _scenario = one_at_a_time();
-    let schema = Schema::new(url.clone(), "kill");
+    let schema = Schema::named(url.clone(), "multi", "kill");
     let check = store(&url, &schema.name, KILL_LEASE_MS)?;
 
     // The victim claims keys one after another and is killed mid-work.
@@ -578,7 +529,7 @@ fn payers_mixing_complete_with_and_complete_charge_each_key_once() -> Result<()>
     }
     let Some(url) = url() else { return Ok(()) };
     let _scenario = one_at_a_time();
-    let schema = Schema::new(url.clone(), "pay");
+    let schema = Schema::named(url.clone(), "multi", "pay");
     let mut admin = postgres::Client::connect(
         &url.replace(" prepare_statements=false", ""),
         postgres::NoTls,

@@ -9,18 +9,7 @@ use std::sync::Arc;
 
 use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Result, pg::PgStore};
 
-fn url() -> Option<String> {
-    match std::env::var("IDEMPOTENCY_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IDEMPOTENCY_PG_URL is not set (see .ci/run)")
-        }
-        _ => {
-            eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
-            None
-        }
-    }
-}
+use crate::common::pg::url;
 
 /// Connects, runs every kind of call and drops the store, all on the calling thread.
 fn exercise(url: &str, test: &str) -> Result<()> {

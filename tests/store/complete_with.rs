@@ -189,16 +189,7 @@ mod postgres_backend {
 
     impl Db {
         fn fresh(test: &str) -> Option<Db> {
-            let url = match std::env::var("IDEMPOTENCY_PG_URL") {
-                Ok(url) if !url.trim().is_empty() => url,
-                _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                    panic!("CI=true but IDEMPOTENCY_PG_URL is not set (see .ci/run)")
-                }
-                _ => {
-                    eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
-                    return None;
-                }
-            };
+            let url = crate::common::pg::url()?;
             let db = Db {
                 url,
                 schema: format!("effects_{test}_{}", std::process::id()),

@@ -1532,26 +1532,7 @@ mod pg {
 
     use super::{Settings, T0};
 
-    /// The server's URL from `IDEMPOTENCY_PG_URL`; `None` (with the reason printed) if unset,
-    /// except under `CI=true`, where a missing server fails the test. Through a transaction
-    /// pooler it ends in ` prepare_statements=false` (`PgStore`'s own option), which the raw
-    /// `postgres` clients of the fixtures take out.
-    pub fn url() -> Option<String> {
-        match std::env::var("IDEMPOTENCY_PG_URL") {
-            Ok(url) if !url.trim().is_empty() => Some(url),
-            _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-                "CI=true but IDEMPOTENCY_PG_URL is not set: the PostgreSQL conformance tests \
-                 must run in CI (.ci/run starts the server and exports the URL)"
-            ),
-            _ => {
-                eprintln!(
-                    "skipped: IDEMPOTENCY_PG_URL is not set (e.g. \"host=127.0.0.1 user=idem \
-                     password=idem dbname=idem\"); see .ci/run"
-                );
-                None
-            }
-        }
-    }
+    pub use crate::common::pg::url;
 
     /// A fixture's own failure, as an error the test returns.
     pub fn fixture(e: postgres::Error) -> Error {

@@ -160,7 +160,6 @@ fn redb_histories_are_linearizable() {
 
 #[cfg(feature = "postgres")]
 mod pg {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use idempotency_store::pg::PgStore;
@@ -175,41 +174,9 @@ mod pg {
         }
     }
 
-    /// The server's URL from `IDEMPOTENCY_PG_URL`; `None` (with the reason printed) if unset,
-    /// except under `CI=true`, where a missing server fails the test.
-    pub fn url() -> Option<String> {
-        match std::env::var("IDEMPOTENCY_PG_URL") {
-            Ok(url) if !url.trim().is_empty() => Some(url),
-            _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-                "CI=true but IDEMPOTENCY_PG_URL is not set: the PostgreSQL history checks must \
-                 run in CI (.ci/run starts the server and exports the URL)"
-            ),
-            _ => {
-                eprintln!(
-                    "skipped: IDEMPOTENCY_PG_URL is not set (e.g. \"host=127.0.0.1 user=idem \
-                     password=idem dbname=idem\"); see .ci/run"
-                );
-                None
-            }
-        }
-    }
-
-    /// A schema for one history, dropped afterwards.
-    pub struct Schema {
-        url: String,
-        pub name: String,
-    }
+    pub use crate::common::pg::{Schema, url};
 
     impl Schema {
-        pub fn fresh(url: String) -> Schema {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let name = format!("hist_{}_{n}", std::process::id());
-            let schema = Schema { url, name };
-            schema.drop_it();
-            schema
-        }
-
         pub fn connect(&self, threads: usize, clock: Option<&ManualClock>) -> PgStore {
             let mut builder = PgStore::builder();
             builder
@@ -221,23 +188,6 @@ mod pg {
                 builder.clock(clock.clone());
             }
             builder.connect(&self.url).expect("connect to PostgreSQL")
-        }
-
-        fn drop_it(&self) {
-            let mut client = postgres::Client::connect(
-                &self.url.replace(" prepare_statements=false", ""),
-                postgres::NoTls,
-            )
-            .expect("connect to PostgreSQL");
-            client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-                .expect("drop the schema");
-        }
-    }
-
-    impl Drop for Schema {
-        fn drop(&mut self) {
-            self.drop_it();
         }
     }
 
@@ -277,7 +227,7 @@ mod pg {
 
     /// Records and checks one history on a fresh schema, with a manual clock.
     pub fn run_manual(url: &str, threads: usize, ops: usize, seed: u64) {
-        let schema = Schema::fresh(url.to_owned());
+        let schema = Schema::named(url.to_owned(), "hist", "history");
         let clock = ManualClock::new(Timestamp::from_millis(T0));
         let target = Manual {
             store: schema.connect(threads, Some(&clock)),
@@ -290,7 +240,7 @@ mod pg {
     /// Records and checks one history on a fresh schema, with the server's clock. Skipped
     /// (with the reason printed) if the server's clock is not this machine's.
     pub fn run_server(url: &str, threads: usize, ops: usize, seed: u64) {
-        let schema = Schema::fresh(url.to_owned());
+        let schema = Schema::named(url.to_owned(), "hist", "history");
         let target = ServerClock {
             store: schema.connect(threads, None),
         };

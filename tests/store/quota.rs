@@ -221,7 +221,7 @@ fn usage_counters_survive_reopen_and_deletes<B: Backend>(backend: B) -> Result<(
 
 on_both_backends! {
     redb: super::redb(),
-    postgres(schema = super::pg::Schema::fresh): schema;
+    postgres(schema = super::pg::fresh): schema;
     a_full_store_refuses_new_keys_but_serves_existing_ones,
     expired_records_make_room_before_a_claim_is_refused,
     eviction_takes_the_oldest_completed_never_in_progress,
@@ -235,40 +235,16 @@ mod pg {
 
     use super::{Backend, Quota};
 
-    /// The server's URL, or `None` (reason printed) locally; a failure under `CI=true`.
-    pub fn url() -> Option<String> {
-        match std::env::var("IDEMPOTENCY_PG_URL") {
-            Ok(url) if !url.trim().is_empty() => Some(url),
-            _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-                panic!("CI=true but IDEMPOTENCY_PG_URL is not set (see .ci/run)")
-            }
-            _ => {
-                eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
-                None
-            }
-        }
-    }
+    pub use crate::common::pg::Schema;
 
-    /// A schema for one test, dropped before and after.
-    pub struct Schema {
-        pub url: String,
-        pub name: String,
+    /// A schema for one quota test, dropped before and after.
+    pub fn fresh(test: &str) -> Option<Schema> {
+        Schema::fresh("quota", test)
     }
 
     impl Schema {
-        pub fn fresh(test: &str) -> Option<Schema> {
-            let short: String = test.chars().take(40).collect();
-            let schema = Schema {
-                url: url()?,
-                name: format!("quota_{short}_{}", std::process::id()),
-            };
-            schema.drop_it();
-            Some(schema)
-        }
-
-        pub fn builder(&self, quota: &Quota) -> idempotency_store::pg::PgStoreBuilder {
-            let mut builder = PgStore::builder();
-            builder.schema(self.name.as_str()).pool_size(2);
+        pub(super) fn builder(&self, quota: &Quota) -> idempotency_store::pg::PgStoreBuilder {
+            let mut builder = self.store_builder();
             if let Some(n) = quota.max_records {
                 builder.max_records(n);
             }
@@ -285,25 +261,6 @@ mod pg {
                 builder.clock(clock.clone());
             }
             builder
-        }
-
-        fn drop_it(&self) {
-            let dropped = postgres::Client::connect(
-                &self.url.replace(" prepare_statements=false", ""),
-                postgres::NoTls,
-            )
-            .and_then(|mut c| {
-                c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
-            });
-            if let Err(e) = dropped {
-                eprintln!("could not drop schema {}: {e}", self.name);
-            }
-        }
-    }
-
-    impl Drop for Schema {
-        fn drop(&mut self) {
-            self.drop_it();
         }
     }
 
@@ -332,7 +289,7 @@ mod postgres_only {
 
     #[test]
     fn per_scope_quotas_limit_each_scope_on_its_own() -> Result<()> {
-        let Some(schema) = Schema::fresh("per_scope") else {
+        let Some(schema) = Schema::fresh("quota", "per_scope") else {
             return Ok(());
         };
         let quota = Quota {
@@ -377,7 +334,7 @@ mod postgres_only {
 
     #[test]
     fn records_written_before_or_without_a_quota_count() -> Result<()> {
-        let Some(schema) = Schema::fresh("seeded") else {
+        let Some(schema) = Schema::fresh("quota", "seeded") else {
             return Ok(());
         };
         let plain = schema.builder(&Quota::default()).connect(&schema.url)?;
@@ -419,7 +376,7 @@ mod postgres_only {
         const THREADS: usize = 8;
         const KEYS: usize = 60;
         const MAX: u64 = 200;
-        let Some(schema) = Schema::fresh("concurrent") else {
+        let Some(schema) = Schema::fresh("quota", "concurrent") else {
             return Ok(());
         };
         let store = Arc::new(
