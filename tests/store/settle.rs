@@ -5,7 +5,6 @@
 //! key. The PostgreSQL half needs `IDEMPOTENCY_PG_URL` (skipped with a printed reason without
 //! it, failed under `CI=true`); tests/pg_faults.rs makes the errors real.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_store::{
@@ -151,15 +150,43 @@ fn all<S: IdempotencyStore>(store: &S, clock: &ManualClock, limit: usize) -> Res
     execute_keeps_an_oversize_answer_out(store, clock, limit)
 }
 
-#[test]
-fn redb_store_settles_after_unknown_outcomes() -> Result<()> {
+fn settles_after_unknown_outcomes<S: IdempotencyStore>(
+    (store, clock): (S, ManualClock),
+) -> Result<()> {
+    all(&store, &clock, 1024)
+}
+
+fn redb() -> Result<(Store, ManualClock)> {
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let store = Store::builder()
         .clock(clock.clone())
         .lease(LEASE)
         .max_response_bytes(1024)
         .open_in_memory()?;
-    all(&store, &clock, 1024)
+    Ok((store, clock))
+}
+
+#[cfg(feature = "postgres")]
+fn pg_schema(test: &str) -> Option<crate::common::pg::Schema> {
+    crate::common::pg::Schema::fresh("settle", test)
+}
+
+#[cfg(feature = "postgres")]
+fn pg(schema: &crate::common::pg::Schema) -> Result<(idempotency_store::pg::PgStore, ManualClock)> {
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let store = schema
+        .store_builder()
+        .clock(clock.clone())
+        .lease(LEASE)
+        .max_response_bytes(1024)
+        .connect(&schema.url)?;
+    Ok((store, clock))
+}
+
+on_both_backends! {
+    redb: super::redb()?,
+    postgres(schema = super::pg_schema): super::pg(&schema)?;
+    settles_after_unknown_outcomes,
 }
 
 /// The claim id and the completing token survive a reopen of the file (they are in the
@@ -187,38 +214,4 @@ fn redb_store_keeps_claim_ids_and_completing_tokens_in_the_file() -> Result<()> 
     lease.mark_in_doubt();
     store.complete(&lease, Response::new(201, "paid"))?;
     Ok(())
-}
-
-#[cfg(feature = "postgres")]
-#[test]
-fn pg_store_settles_after_unknown_outcomes() -> Result<()> {
-    let Some(url) = crate::common::pg::url() else {
-        return Ok(());
-    };
-    let schema = format!("settle_{}", std::process::id());
-    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
-    let store = Arc::new(
-        idempotency_store::pg::PgStore::builder()
-            .schema(schema.as_str())
-            .clock(clock.clone())
-            .lease(LEASE)
-            .max_response_bytes(1024)
-            .pool_size(2)
-            .connect(&url)?,
-    );
-    let result = all(&*store, &clock, 1024);
-    drop(store);
-    let mut client = postgres::Client::connect(
-        &url.replace(" prepare_statements=false", ""),
-        postgres::NoTls,
-    )
-    .map_err(|e| Error::InvalidConfig {
-        reason: e.to_string(),
-    })?;
-    client
-        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .map_err(|e| Error::InvalidConfig {
-            reason: e.to_string(),
-        })?;
-    result
 }
