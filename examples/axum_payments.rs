@@ -50,7 +50,7 @@ pub struct Args {
     pub serve: ServeOptions,
     /// Loses every Nth answer to `POST /payments` after the charge (0: none): the client gets
     /// no answer and must retry with the same key. For tests of clients
-    /// (tests/edge_client_crash.rs); never in production.
+    /// (tests/client/edge_client_crash.rs); never in production.
     #[arg(long = "drop-answers", value_name = "N", default_value_t = 0)]
     pub drop_answers: u64,
 }

@@ -13,7 +13,7 @@
 //! boot the device first resumes what `pending()` lists. `--fresh-key-per-retry` makes the
 //! classic mistake instead (a new key on every attempt), to show what it costs.
 //!
-//! For the crash test (tests/edge_client_crash.rs), `EDGE_CLIENT_CRASH_AT=POINT:N` makes the
+//! For the crash test (tests/client/edge_client_crash.rs), `EDGE_CLIENT_CRASH_AT=POINT:N` makes the
 //! process kill itself with SIGKILL the Nth time it reaches `POINT`: `after-begin` (the key is
 //! on disk, nothing sent), `before-request` (the send is recorded, not yet out) or
 //! `after-request` (the server answered; the answer is not yet recorded or finished).

@@ -170,13 +170,13 @@ pub mod pg;
 mod store;
 
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use crate::api::execute::execute;
 pub use crate::api::fingerprint::Fingerprint;
 pub use crate::api::key::Key;
 pub use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordState, RecordView, Replay};
 pub use crate::api::response::Response;
 pub use crate::api::settings::{Settings, WhenFull};
 pub use crate::api::store::IdempotencyStore;
+pub use crate::api::store::execute;
 pub use crate::engine::effects::{EffectValue, Effects};
 pub use crate::error::{Error, Result};
 pub use crate::store::Store;

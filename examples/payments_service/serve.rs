@@ -108,7 +108,7 @@ pub fn start(payments: Payments, listen: &str) -> Result<Running, BoxError> {
 pub type Handler = Arc<dyn Fn(http::Request<Vec<u8>>) -> http::Response<Vec<u8>> + Send + Sync>;
 
 /// Serves `handler` on `listen` with `threads` handler threads and the default [`Limits`]
-/// (also used by tests/http_flow.rs).
+/// (also used by tests/http/http_flow.rs).
 pub fn serve_with(listen: &str, threads: usize, handler: Handler) -> Result<Running, BoxError> {
     serve_with_limits(listen, threads, handler, Limits::default())
 }

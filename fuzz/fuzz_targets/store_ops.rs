@@ -1,6 +1,6 @@
 //! Arbitrary sequences of store calls (claim, complete, release, heartbeat, checkpoint, lookup,
 //! clock moves, sweep, reopen) on reopenable in-memory storage, each answer compared with the
-//! reference model shared with `tests/model.rs`.
+//! reference model shared with `tests/store/model.rs`.
 #![no_main]
 
 #[path = "../../tests/reference/mod.rs"]

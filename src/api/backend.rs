@@ -1,5 +1,5 @@
 //! What a backend implements: [`Backend`], each store operation once, unmetered. Callers use
-//! [`IdempotencyStore`], which every `Backend` is, and which adds what both backends share
+//! [`IdempotencyStore`](crate::IdempotencyStore), which every `Backend` is, and which adds what both backends share
 //! (counting, spans, the async form's counting, `sweep_all`, `execute`) in one place.
 
 use std::sync::Arc;
@@ -16,8 +16,6 @@ use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
-#[cfg(doc)]
-use crate::api::store::IdempotencyStore;
 use crate::error::Result;
 
 /// How many expired records one round of `sweep_all` deletes, on every backend (the CLI's
@@ -29,118 +27,118 @@ use crate::error::Result;
 pub(crate) const SWEEP_BATCH: usize = 64;
 
 /// One store operation per method, as a backend does it, before counting: the contract a
-/// backend fulfils so that it is an [`IdempotencyStore`] (every `Backend` is one, through one
+/// backend fulfils so that it is an [`IdempotencyStore`](crate::IdempotencyStore) (every `Backend` is one, through one
 /// blanket implementation that counts each call in [`meter`](Backend::meter), opens its span
 /// and adds `sweep_all`, `execute` and the counted async form).
 ///
-/// Callers never need this trait: import [`IdempotencyStore`]. Implement it to wrap one of
+/// Callers never need this trait: import [`IdempotencyStore`](crate::IdempotencyStore). Implement it to wrap one of
 /// this crate's stores (a fault injector in a test, a delegating store): forward each method
 /// to the inner store's `Backend` method, so that each call is counted once. Every method is
 /// required: a backend states its clock, its claim recovery and its waiting itself, nothing
 /// falls back silently.
 ///
-/// The semantics of each method are those of the [`IdempotencyStore`] method of the same
+/// The semantics of each method are those of the [`IdempotencyStore`](crate::IdempotencyStore) method of the same
 /// name.
 pub trait Backend: Send + Sync {
     /// Where this store's calls are counted (see [`Meter`]).
     fn meter(&self) -> &Meter;
 
-    /// The settings the store was opened with ([`IdempotencyStore::settings`]).
+    /// The settings the store was opened with ([`IdempotencyStore::settings`](crate::IdempotencyStore::settings)).
     fn settings(&self) -> &Settings;
 
-    /// The store's time ([`IdempotencyStore::now`]).
+    /// The store's time ([`IdempotencyStore::now`](crate::IdempotencyStore::now)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::now`].
+    /// As for [`IdempotencyStore::now`](crate::IdempotencyStore::now).
     fn now(&self) -> Result<Timestamp>;
 
-    /// Claims `key` ([`IdempotencyStore::claim`]); with `id`, recoverably
-    /// ([`IdempotencyStore::claim_with_id`]).
+    /// Claims `key` ([`IdempotencyStore::claim`](crate::IdempotencyStore::claim)); with `id`, recoverably
+    /// ([`IdempotencyStore::claim_with_id`](crate::IdempotencyStore::claim_with_id)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::claim`].
+    /// As for [`IdempotencyStore::claim`](crate::IdempotencyStore::claim).
     fn claim(&self, key: &Key, fingerprint: Fingerprint, id: Option<ClaimId>) -> Result<Claim>;
 
     /// Claims, waiting up to `timeout` for a key in progress to settle
-    /// ([`IdempotencyStore::claim_wait`]). Each claim it makes goes through
-    /// [`IdempotencyStore::claim`] (so it is counted), and each pause is counted with
+    /// ([`IdempotencyStore::claim_wait`](crate::IdempotencyStore::claim_wait)). Each claim it makes goes through
+    /// [`IdempotencyStore::claim`](crate::IdempotencyStore::claim) (so it is counted), and each pause is counted with
     /// [`Meter`]'s waits; a backend that can only poll claims again with a backoff.
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::claim`].
+    /// As for [`IdempotencyStore::claim`](crate::IdempotencyStore::claim).
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim>;
 
     /// The replay a claim would answer, if the backend has it in memory
-    /// ([`IdempotencyStore::cached_replay`]); `None` for a backend that keeps none.
+    /// ([`IdempotencyStore::cached_replay`](crate::IdempotencyStore::cached_replay)); `None` for a backend that keeps none.
     fn cached_replay(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay>;
 
     /// The backend's own async form of the write calls, if it has one, uncounted
-    /// ([`IdempotencyStore::nonblocking`] counts it); `None`: callers use the blocking calls
+    /// ([`IdempotencyStore::nonblocking`](crate::IdempotencyStore::nonblocking) counts it); `None`: callers use the blocking calls
     /// on a thread that may block.
     fn nonblocking(self: Arc<Self>) -> Option<Arc<dyn AsyncStore>>;
 
-    /// Stores the response and ends the lease ([`IdempotencyStore::complete`]).
+    /// Stores the response and ends the lease ([`IdempotencyStore::complete`](crate::IdempotencyStore::complete)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::complete`].
+    /// As for [`IdempotencyStore::complete`](crate::IdempotencyStore::complete).
     fn complete(&self, lease: &Lease, response: Response) -> Result<()>;
 
-    /// Deletes the lease's record ([`IdempotencyStore::release`]).
+    /// Deletes the lease's record ([`IdempotencyStore::release`](crate::IdempotencyStore::release)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::release`].
+    /// As for [`IdempotencyStore::release`](crate::IdempotencyStore::release).
     fn release(&self, lease: &Lease) -> Result<()>;
 
-    /// Extends the lease ([`IdempotencyStore::heartbeat`]).
+    /// Extends the lease ([`IdempotencyStore::heartbeat`](crate::IdempotencyStore::heartbeat)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::heartbeat`].
+    /// As for [`IdempotencyStore::heartbeat`](crate::IdempotencyStore::heartbeat).
     fn heartbeat(&self, lease: &mut Lease) -> Result<Timestamp>;
 
-    /// Stores a recovery point ([`IdempotencyStore::checkpoint`]).
+    /// Stores a recovery point ([`IdempotencyStore::checkpoint`](crate::IdempotencyStore::checkpoint)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::checkpoint`].
+    /// As for [`IdempotencyStore::checkpoint`](crate::IdempotencyStore::checkpoint).
     fn checkpoint(&self, lease: &mut Lease, data: Vec<u8>) -> Result<()>;
 
     /// The key's record; an expired one too if `expired` is true
-    /// ([`IdempotencyStore::inspect`]), else not ([`IdempotencyStore::lookup`]).
+    /// ([`IdempotencyStore::inspect`](crate::IdempotencyStore::inspect)), else not ([`IdempotencyStore::lookup`](crate::IdempotencyStore::lookup)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::lookup`].
+    /// As for [`IdempotencyStore::lookup`](crate::IdempotencyStore::lookup).
     fn read(&self, key: &Key, expired: bool) -> Result<Option<RecordView>>;
 
-    /// Deletes up to `limit` expired records ([`IdempotencyStore::sweep`]).
+    /// Deletes up to `limit` expired records ([`IdempotencyStore::sweep`](crate::IdempotencyStore::sweep)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::sweep`].
+    /// As for [`IdempotencyStore::sweep`](crate::IdempotencyStore::sweep).
     fn sweep(&self, limit: usize) -> Result<Swept>;
 
-    /// Checks the stored records' invariants ([`IdempotencyStore::verify`]).
+    /// Checks the stored records' invariants ([`IdempotencyStore::verify`](crate::IdempotencyStore::verify)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::verify`].
+    /// As for [`IdempotencyStore::verify`](crate::IdempotencyStore::verify).
     fn verify(&self) -> Result<VerifyReport>;
 
-    /// Counts records by state ([`IdempotencyStore::stats`]).
+    /// Counts records by state ([`IdempotencyStore::stats`](crate::IdempotencyStore::stats)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::stats`].
+    /// As for [`IdempotencyStore::stats`](crate::IdempotencyStore::stats).
     fn stats(&self) -> Result<Stats>;
 
-    /// Walks every record ([`IdempotencyStore::records`]).
+    /// Walks every record ([`IdempotencyStore::records`](crate::IdempotencyStore::records)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::records`].
+    /// As for [`IdempotencyStore::records`](crate::IdempotencyStore::records).
     fn records(&self) -> Result<Records<'_>>;
 
-    /// Deletes an in-progress record without its lease ([`IdempotencyStore::force_release`]).
+    /// Deletes an in-progress record without its lease ([`IdempotencyStore::force_release`](crate::IdempotencyStore::force_release)).
     ///
     /// # Errors
-    /// As for [`IdempotencyStore::force_release`].
+    /// As for [`IdempotencyStore::force_release`](crate::IdempotencyStore::force_release).
     fn force_release(&self, key: &Key) -> Result<ForceRelease>;
 
-    /// The backend's own engine figures for [`IdempotencyStore::metrics`], if it has any.
+    /// The backend's own engine figures for [`IdempotencyStore::metrics`](crate::IdempotencyStore::metrics), if it has any.
     fn engine_metrics(&self) -> Option<EngineMetrics>;
 }
 
@@ -153,23 +151,19 @@ pub struct Swept {
     pub more: bool,
 }
 
-/// A [`Backend::claim_wait`] for a backend that cannot be woken by a settling call: claims
-/// again with a backoff (10 ms doubling up to 250 ms, never past the deadline), counting each
-/// pause and a timeout in the store's meter. It blocks the calling thread.
-///
-/// # Errors
-/// As for [`IdempotencyStore::claim`].
-pub(crate) fn poll_claim_wait<S: crate::api::store::IdempotencyStore + ?Sized>(
-    store: &S,
-    key: &Key,
-    fingerprint: Fingerprint,
+/// A [`Backend::claim_wait`] for a backend that cannot be woken by a settling call: makes
+/// `claim` (a counted claim) again with a backoff (10 ms doubling up to 250 ms, never past the
+/// deadline) while the key is in progress, counting each pause and a timeout in `meter`. It
+/// blocks the calling thread.
+pub(crate) fn poll_claim_wait(
+    claim: impl Fn() -> Result<Claim>,
     timeout: Duration,
     meter: &Meter,
 ) -> Result<Claim> {
     let deadline = Instant::now().checked_add(timeout);
     let mut pauses = backoff::doubling(Duration::from_millis(10), Duration::from_millis(250));
     loop {
-        let claim = store.claim(key, fingerprint)?;
+        let claim = claim()?;
         if !matches!(claim, Claim::InProgress { .. }) {
             return Ok(claim);
         }

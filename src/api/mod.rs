@@ -5,7 +5,6 @@
 pub(crate) mod backend;
 pub(crate) mod backoff;
 pub(crate) mod clock;
-pub(crate) mod execute;
 pub(crate) mod fingerprint;
 pub(crate) mod heartbeat;
 pub(crate) mod key;

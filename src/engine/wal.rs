@@ -37,7 +37,7 @@ const ENTRY_HEADER: u64 = 20;
 /// 4 MiB of them, `commit::BATCH_BYTES`), which an entry a little over 4 MiB grows to 8 MiB of
 /// capacity. An entry larger still (one response over 4 MiB) gets a buffer of its own that is
 /// then dropped. At 1 MiB, every batch of large responses allocated and freed a buffer of
-/// several MiB on whichever thread led it, and glibc's arenas kept them: `tests/memory.rs`
+/// several MiB on whichever thread led it, and glibc's arenas kept them: `tests/store/memory.rs`
 /// (64 threads, 1 MiB responses) peaked higher, and more often over its bound, than with
 /// 8 MiB (BENCHMARKS.md, "Figures behind the defaults").
 const KEEP_BUFFER: usize = 8 << 20;

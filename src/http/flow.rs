@@ -17,7 +17,6 @@ use super::{
 use crate::api::clock::Clock;
 use crate::api::clock::SystemClock;
 use crate::api::clock::Timestamp;
-use crate::api::execute::once_more;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 #[cfg(any(feature = "tower", feature = "actix"))]
@@ -25,6 +24,7 @@ use crate::api::nonblocking::{AsyncStore, Blocking};
 use crate::api::outcome::{Claim, ClaimId, Lease};
 use crate::api::response::Response;
 use crate::api::store::IdempotencyStore;
+use crate::api::store::once_more;
 use crate::error::Error;
 
 type Answer = ::http::Response<Vec<u8>>;

@@ -26,7 +26,6 @@ use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
-#[cfg(doc)]
 use crate::api::store::IdempotencyStore;
 use crate::error::{Error, Result};
 
@@ -134,7 +133,8 @@ impl Backend for PgStore {
 
     /// Shared by several processes, a settling call elsewhere cannot wake this one: it polls.
     fn claim_wait(&self, key: &Key, fingerprint: Fingerprint, timeout: Duration) -> Result<Claim> {
-        poll_claim_wait(self, key, fingerprint, timeout, &self.meter)
+        let claim = || IdempotencyStore::claim(self, key, fingerprint);
+        poll_claim_wait(claim, timeout, &self.meter)
     }
 
     /// Every answer is a round trip: nothing is kept.

@@ -1,4 +1,4 @@
-"""One call of Stripe's Python SDK (from PyPI) against a test server, for tests/real_sdk.rs.
+"""One call of Stripe's Python SDK (from PyPI) against a test server, for tests/http/real_sdk.rs.
 
 Usage: python3 client.py BASE_URL
 

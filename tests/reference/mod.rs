@@ -1,6 +1,6 @@
 //! The reference model of the store and the step machinery that checks a store against it,
-//! shared by the model-based proptests (`tests/model.rs`), the `store_ops` fuzz target
-//! (`fuzz/fuzz_targets/store_ops.rs`) and its corpus replay (`tests/fuzz_corpus.rs`).
+//! shared by the model-based proptests (`tests/store/model.rs`), the `store_ops` fuzz target
+//! (`fuzz/fuzz_targets/store_ops.rs`) and its corpus replay (`tests/durability/fuzz_corpus.rs`).
 //!
 //! The model, in milliseconds of the store's time `now`:
 //! - a record with `now >= expires_at` is expired and counts as absent everywhere;
@@ -19,7 +19,7 @@
 //! fuzz entry point [`run_ops`] turns a failure into a panic, which libFuzzer reports.
 //!
 //! The step machinery works on any [`IdempotencyStore`] backend ([`run_steps`]), so the
-//! conformance suite (`tests/conformance.rs`) runs the same sequences against PostgreSQL.
+//! conformance suite (`tests/store/conformance.rs`) runs the same sequences against PostgreSQL.
 
 // Each including crate uses a different part of this module.
 #![allow(dead_code)]

@@ -1,0 +1,49 @@
+//! Helpers shared by several test binaries (each includes this folder with `#[path]`).
+
+// Each including binary uses a different part of this module.
+#![allow(dead_code)]
+
+pub mod disk;
+pub mod faulty;
+#[cfg(feature = "postgres")]
+pub mod pg;
+
+/// Expands each named test into one on the embedded redb store (`redb_backend::NAME`) and one
+/// on PostgreSQL (`postgres_backend::NAME`), calling the test function `NAME` of the invoking
+/// module with the backend's argument. `redb: ARG` is what a redb test passes;
+/// `postgres(FIXTURE = FRESH): ARG` binds `FIXTURE` to `FRESH("NAME")` and passes `ARG`, the
+/// test passing without running when `FRESH` gives `None` (no `IDEMPOTENCY_PG_URL`: it prints
+/// why).
+// Not every binary that includes this module runs tests on both backends.
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    (
+        redb: $redb:expr,
+        postgres($fixture:ident = $fresh:path): $pg:expr;
+        $($name:ident),* $(,)?
+    ) => {
+        /// Every test on the embedded redb store.
+        mod redb_backend {
+            $(
+                #[test]
+                fn $name() -> idempotency_store::Result<()> {
+                    super::$name($redb)
+                }
+            )*
+        }
+
+        /// Every test on PostgreSQL, each on a fixture of its own.
+        #[cfg(feature = "postgres")]
+        mod postgres_backend {
+            $(
+                #[test]
+                fn $name() -> idempotency_store::Result<()> {
+                    let Some($fixture) = $fresh(stringify!($name)) else {
+                        return Ok(());
+                    };
+                    super::$name($pg)
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,78 @@
+//! The PostgreSQL fixture of the test binaries: the server from `IDEMPOTENCY_PG_URL`, and a
+//! schema of a test's own.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idempotency_store::pg::{PgStore, PgStoreBuilder};
+
+/// The server's URL from `IDEMPOTENCY_PG_URL`; `None` (with the reason printed) if unset,
+/// except under `CI=true`, where a missing server fails the test (`.ci/run` starts one and
+/// exports the URL). Through a transaction pooler it ends in ` prepare_statements=false`
+/// (`PgStore`'s own option), which [`raw_url`] takes out for the fixtures' raw clients.
+pub fn url() -> Option<String> {
+    match std::env::var("IDEMPOTENCY_PG_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but IDEMPOTENCY_PG_URL is not set (see .ci/run)")
+        }
+        _ => {
+            eprintln!("skipped: IDEMPOTENCY_PG_URL is not set; see .ci/run");
+            None
+        }
+    }
+}
+
+/// `url` for a raw `postgres` client, without `PgStore`'s own option.
+pub fn raw_url(url: &str) -> String {
+    url.replace(" prepare_statements=false", "")
+}
+
+/// A schema of one test's own, dropped (with everything in it) before and after.
+pub struct Schema {
+    pub url: String,
+    pub name: String,
+}
+
+impl Schema {
+    /// A schema for `test` on the server of `IDEMPOTENCY_PG_URL`, or `None` (see [`url`]).
+    pub fn fresh(prefix: &str, test: &str) -> Option<Schema> {
+        Some(Schema::named(url()?, prefix, test))
+    }
+
+    /// `PREFIX_TEST_PID_N`: unique to this process and call (the test's name cut to 40
+    /// characters, for PostgreSQL's 63).
+    pub fn named(url: String, prefix: &str, test: &str) -> Schema {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let short: String = test.chars().take(40).collect();
+        let schema = Schema {
+            url,
+            name: format!("{prefix}_{short}_{}_{n}", std::process::id()),
+        };
+        schema.drop_it();
+        schema
+    }
+
+    /// A builder on this schema with a pool of two connections.
+    pub fn store_builder(&self) -> PgStoreBuilder {
+        let mut builder = PgStore::builder();
+        builder.schema(self.name.as_str()).pool_size(2);
+        builder
+    }
+
+    fn drop_it(&self) {
+        let dropped =
+            postgres::Client::connect(&raw_url(&self.url), postgres::NoTls).and_then(|mut c| {
+                c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+            });
+        if let Err(e) = dropped {
+            eprintln!("could not drop schema {}: {e}", self.name);
+        }
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        self.drop_it();
+    }
+}
