@@ -1,6 +1,7 @@
 //! The store's contract on both backends, concurrency, lifecycle, the clock, the reference
-//! model, edge cases, reopening, read-only opens, the replay cache and quotas: one test binary
-//! (one link instead of one per file), a module per former test file.
+//! model, edge cases, reopening, read-only opens and quotas: one test binary (one link instead
+//! of one per file), a module per former test file. `tests/replay_cache.rs` stays a binary of
+//! its own (see there).
 
 // At the crate root: its macros name `$crate::reference`, and the history checker
 // `crate::reference`.
@@ -27,5 +28,4 @@ mod model;
 mod quota;
 mod read_only;
 mod reopen;
-mod replay_cache;
 mod settle;

@@ -1,6 +1,10 @@
 //! `Store::cached_replay`, the replays the tower layer answers without the blocking pool:
 //! the same answer as a claim, never after expiry, never for another fingerprint, counted as
 //! a replay, bounded, and off where completed records can be evicted.
+//!
+//! A test binary of its own: its races give their threads windows of a few milliseconds,
+//! which, run beside the store binary's 64-thread tests (concurrency, memory's child) on a
+//! loaded two-core machine, closed before the threads ran (two failures in two runs).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
