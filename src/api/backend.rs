@@ -3,9 +3,8 @@
 //! (counting, spans, the async form's counting, `sweep_all`, `execute`) in one place.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::api::backoff;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -155,13 +154,16 @@ pub struct Swept {
 /// `claim` (a counted claim) again with a backoff (10 ms doubling up to 250 ms, never past the
 /// deadline) while the key is in progress, counting each pause and a timeout in `meter`. It
 /// blocks the calling thread.
+#[cfg(feature = "postgres")]
 pub(crate) fn poll_claim_wait(
     claim: impl Fn() -> Result<Claim>,
     timeout: Duration,
     meter: &Meter,
 ) -> Result<Claim> {
+    use std::time::Instant;
     let deadline = Instant::now().checked_add(timeout);
-    let mut pauses = backoff::doubling(Duration::from_millis(10), Duration::from_millis(250));
+    let mut pauses =
+        crate::api::backoff::doubling(Duration::from_millis(10), Duration::from_millis(250));
     loop {
         let claim = claim()?;
         if !matches!(claim, Claim::InProgress { .. }) {
