@@ -29,8 +29,8 @@ pub(crate) trait Write: Send + 'static {
     }
 }
 
-/// `Store::claim` when a write is needed: a fresh lease or a takeover (or, if the record
-/// changed since the read path looked, whatever the claim now answers).
+/// A claim (`IdempotencyStore::claim`) when a write is needed: a fresh lease or a takeover
+/// (or, if the record changed since the read path looked, whatever the claim now answers).
 pub(crate) struct ClaimKey {
     pub key: Key,
     pub fingerprint: Fingerprint,
@@ -44,7 +44,7 @@ pub(crate) struct ClaimKey {
     pub absent_at: Option<u64>,
 }
 
-/// `Store::complete`.
+/// `IdempotencyStore::complete`.
 pub(crate) struct Complete {
     pub key: Key,
     pub token: u64,
@@ -63,7 +63,7 @@ pub(crate) struct CompleteEffects<T, E> {
     pub effect: Effect<T, E>,
 }
 
-/// `Store::release`.
+/// `IdempotencyStore::release`.
 pub(crate) struct Release {
     pub key: Key,
     pub token: u64,
