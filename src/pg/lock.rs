@@ -41,21 +41,32 @@ pub(super) const DURABLE: &str = durable!();
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
 pub(super) const CLAIM_LOCK_CLASS: i32 = 0x6964_656d;
 
+/// The second half of a key's advisory lock: the hash of the schema, the scope and the key.
+/// Advisory locks are shared by the whole database, so the schema is part of the hash: without
+/// it, a claim in one schema held up a claim of the same key in another, and a sweep skipped
+/// a record whose key another schema was claiming (issue 59). `schema` is the bare name (a
+/// lowercase identifier, so it is safe as a literal); `scope` and `key` are SQL expressions of
+/// type `text`.
+pub(super) fn key_hash(schema: &str, scope: &str, key: &str) -> String {
+    format!("hashtext('{schema}' || chr(1) || {scope} || chr(1) || {key})")
+}
+
 /// The key's advisory lock (the two-`int4` form, class [`CLAIM_LOCK_CLASS`]), held to the end
 /// of the transaction: every claim of the key and every deletion of its record takes it, so
 /// that a claim reads the time and draws its token only once nothing else can acquire the key
-/// or delete its record. `scope` and `key` are SQL expressions.
-pub(super) fn key_lock(scope: &str, key: &str) -> String {
+/// or delete its record. `scope` and `key` are SQL expressions (cast to `text` here).
+pub(super) fn key_lock(schema: &str, scope: &str, key: &str) -> String {
     format!(
-        "pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, hashtext({scope}::text || chr(1) || {key}::text))"
+        "pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, {})",
+        key_hash(schema, &format!("{scope}::text"), &format!("{key}::text"))
     )
 }
 
 /// The same lock if it is free, for a sweep, which skips a key that a claim holds.
-pub(super) fn try_key_lock(scope: &str, key: &str) -> String {
+pub(super) fn try_key_lock(schema: &str, scope: &str, key: &str) -> String {
     format!(
-        "pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
-         hashtext({scope}::text || chr(1) || {key}::text))"
+        "pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, {})",
+        key_hash(schema, &format!("{scope}::text"), &format!("{key}::text"))
     )
 }
 

@@ -3,17 +3,17 @@
 
 use ::postgres::Client;
 
-use super::lock::CLAIM_LOCK_CLASS;
+use super::lock::{CLAIM_LOCK_CLASS, key_hash};
 use super::quota;
 use super::rows::{col, pg};
 use super::typed::Query;
 use crate::error::{Error, Result};
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 6;
+const SCHEMA_VERSION: i32 = 7;
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 6] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 7] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -117,6 +117,31 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 6] {
             // Nullable, no default: PostgreSQL adds it without rewriting the table. Rows of
             // builds before this one carry NULL, which no claim id matches.
             format!("ALTER TABLE {s}.idempotency_keys ADD COLUMN IF NOT EXISTS claim_id bigint"),
+        ),
+        (
+            7,
+            "the key's advisory lock names the schema: schemas no longer hold up each other (issue 59)",
+            // Advisory locks are the database's, not the schema's: with the old hash a claim
+            // in one schema waited for a claim of the same key in another, and a sweep skipped
+            // a record whose key another schema was claiming, deleting fewer than had expired.
+            // A change of protocol, as migration 5: a build that locks by the old hash must
+            // not share the schema, and the version keeps it out.
+            format!(
+                "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
+             RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
+             DECLARE done text; \
+             BEGIN \
+                 done := pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, {lock})::text; \
+                 PERFORM FROM {s}.idempotency_keys AS x \
+                     WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE; \
+                 RETURN CASE WHEN FOUND THEN 1 ELSE 0 END; \
+             END $f$; \
+             COMMENT ON TABLE {s}.idempotency_keys IS 'idempotency-store records. Delete \
+                 rows only through the store or its CLI, or in a transaction that first takes \
+                 the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, {comment});'",
+                lock = key_hash(schema, "p_scope", "p_key"),
+                comment = key_hash(schema, "scope", "key").replace('\'', "''"),
+            ),
         ),
     ]
 }

@@ -151,8 +151,9 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// released or swept between two statements, or another claimer took it over) starts again.
 ///
 /// Each key has a lock: a transaction-scoped advisory lock (`pg_advisory_xact_lock(0x6964656d,
-/// hashtext(scope || chr(1) || key))`, the two-`int4` form: keep that class free in your own
-/// advisory locks). Every statement that acquires a key or deletes a record takes it first: the
+/// hashtext('schema' || chr(1) || scope || chr(1) || key))`, the two-`int4` form: keep that
+/// class free in your own advisory locks). Advisory locks are the database's, so the hash names
+/// the schema: stores in two schemas of one database do not hold up each other's keys. Every statement that acquires a key or deletes a record takes it first: the
 /// insert of a new key, the takeover, `release`, `force_release`, and sweeps and quota
 /// evictions (which skip a key whose lock is taken rather than wait). A claim reads the time
 /// and draws its token from the sequence only once it holds the lock. The takeover also locks
@@ -171,11 +172,12 @@ const MAX_TIME_MS: u64 = 1 << 61;
 ///
 /// **Deleting rows by hand**: do it through the store or the CLI (`release`, `sweep`), or
 /// take the key's lock first in the same transaction, as the table's comment says:
-/// `SELECT pg_advisory_xact_lock(1768187245, hashtext(scope || chr(1) || key))`. A claim of
-/// the same key that runs while a deletion without the lock is in flight may start its lease
-/// up to that deletion's duration early (never already lapsed, tokens still in order). For the
-/// same reason, stop every instance of a build from before migration 5 before the first
-/// instance of this one connects: the version check runs only when a store connects.
+/// `SELECT pg_advisory_xact_lock(1768187245, hashtext('schema' || chr(1) || scope || chr(1) ||
+/// key))`, with the schema's name. A claim of the same key that runs while a deletion without
+/// the lock is in flight may start its lease up to that deletion's duration early (never
+/// already lapsed, tokens still in order). For the same reason, stop every instance of a build
+/// from before migration 7 (which put the schema into the lock) before the first instance of
+/// this one connects: the version check runs only when a store connects.
 ///
 /// A lease is never handed out already lapsed: a claim whose lease may have lapsed before the
 /// call returns answers [`Claim::InProgress`] with that deadline instead, as if another

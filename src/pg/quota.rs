@@ -133,7 +133,8 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    pub(crate) fn new(s: &str) -> Sql {
+    pub(crate) fn new(schema: &str) -> Sql {
+        let s = format!("\"{schema}\"");
         let t = format!("{s}.idempotency_keys");
         let u = format!("{s}.idempotency_usage");
         Sql {
@@ -153,7 +154,7 @@ impl Sql {
                  free AS MATERIALIZED (SELECT d.ctid FROM doomed AS d WHERE {}) \
                  DELETE FROM {t} AS r USING free AS f, c \
                  WHERE r.ctid = f.ctid AND r.expires_at <= c.now",
-                try_key_lock("d.scope", "d.key")
+                try_key_lock(schema, "d.scope", "d.key")
             )),
             // The oldest completed record whose key lock is free, of the oldest few (a replay
             // holds its key's lock for a moment). `victim` reads `victims` in its order, and
@@ -167,7 +168,7 @@ impl Sql {
                  victim AS MATERIALIZED (SELECT v.ctid FROM victims AS v WHERE {} LIMIT 1) \
                  DELETE FROM {t} AS r USING victim AS v \
                  WHERE r.ctid = v.ctid AND r.state = 'completed'",
-                try_key_lock("v.scope", "v.key")
+                try_key_lock(schema, "v.scope", "v.key")
             )),
             check: Query::new(format!(
                 "SELECT (SELECT count(*) FROM {t}), \

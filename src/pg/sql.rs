@@ -60,7 +60,7 @@ impl Sql {
         let takeover_fresh = "r.expires_at <= c.now";
         // A new key's insert needs only the advisory lock: no row means no write in flight
         // that does not hold it (deletions take it too). A takeover waits out writes to the row.
-        let insert_now = after_lock(&key_lock("$2", "$3"));
+        let insert_now = after_lock(&key_lock(schema, "$2", "$3"));
         let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
         Sql {
             lock: Query::new(format!("SELECT {}", lock_function(schema, "$1", "$2"))),
@@ -108,7 +108,7 @@ impl Sql {
             )),
             release: Query::new(format!(
                 "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
-                after_lock(&key_lock("$2", "$3"))
+                after_lock(&key_lock(schema, "$2", "$3"))
             )),
             heartbeat: Query::new(format!(
                 "{WRITE_NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
@@ -134,7 +134,7 @@ impl Sql {
                  gone AS (DELETE FROM {t} AS r USING free AS f, c \
                      WHERE r.ctid = f.ctid AND r.expires_at <= c.now RETURNING 1) \
                  SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM doomed)",
-                try_key_lock("d.scope", "d.key")
+                try_key_lock(schema, "d.scope", "d.key")
             )),
             // The second count is `RecordView::is_stuck`, in SQL.
             stats: Query::new(format!(
@@ -158,7 +158,7 @@ impl Sql {
             now: Query::new(
                 "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
             ),
-            quota: quota.then(|| quota::Sql::new(&format!("\"{schema}\""))),
+            quota: quota.then(|| quota::Sql::new(schema)),
         }
     }
 }

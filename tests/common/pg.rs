@@ -76,3 +76,30 @@ impl Drop for Schema {
         self.drop_it();
     }
 }
+
+/// The key lock that the records table's comment tells whoever deletes rows by hand to take,
+/// as a statement of `$1` (scope) and `$2` (key), for `schema` (bare name): tests that hold a
+/// key's lock take the documented one, so the comment cannot drift from the store's lock.
+pub fn documented_key_lock(
+    client: &mut postgres::Client,
+    schema: &str,
+) -> idempotency_store::Result<String> {
+    let comment: String = client
+        .query_one(
+            "SELECT obj_description(format('%I.idempotency_keys', $1::text)::regclass, 'pg_class')",
+            &[&schema],
+        )
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| idempotency_store::Error::InvalidConfig {
+            reason: format!("test fixture: {e}"),
+        })?;
+    let recipe = comment
+        .split_once("the key's lock: ")
+        .map(|(_, sql)| sql.trim_end_matches(';'))
+        .unwrap_or_else(|| panic!("no key lock in the table's comment: {comment}"));
+    // `hashtext(scope || chr(1) || key)` (migration 5), or with the schema first (migration 7).
+    Ok(recipe
+        .replace("(scope ", "($1::text ")
+        .replace(" scope ", " $1::text ")
+        .replace(" key)", " $2::text)"))
+}

@@ -7,5 +7,6 @@ mod common;
 
 mod pg_failover;
 mod pg_multiprocess;
+mod pg_sweep;
 mod pg_tls;
 mod pg_tokio;

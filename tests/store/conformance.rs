@@ -1042,7 +1042,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        6
+        7
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -1180,7 +1180,7 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     assert_eq!(db.query_i64(&cheap)?, 1);
     assert_eq!(
         db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
-        6
+        7
     );
     // The record survived, and claims (which call the new function) work.
     assert!(matches!(
@@ -1236,7 +1236,8 @@ fn claim_behind_a_deletion(
     let mut client = db.client()?;
     let mut txn = client.transaction().map_err(pg::fixture)?;
     if key_lock {
-        txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
+        txn.execute(&db.key_lock()?, &[&"", &"k"])
+            .map_err(pg::fixture)?;
     }
     txn.execute(
         db.sql("DELETE FROM {schema}.idempotency_keys WHERE key = 'k'")
@@ -1313,11 +1314,6 @@ fn postgres_claim_behind_a_release_in_flight_is_stamped_after_it_on_the_server_c
     Ok(())
 }
 
-/// The key lock of the table's comment (`$1` scope, `$2` key).
-#[cfg(feature = "postgres")]
-const KEY_LOCK: &str =
-    "SELECT pg_advisory_xact_lock(1768187245, hashtext($1::text || chr(1) || $2::text))";
-
 /// Every claim and every deletion takes the key's lock: while another transaction holds it, a
 /// claim of a new key and a release wait for it, and a sweep leaves that key's expired record
 /// alone (and deletes it once the lock is free); keys whose lock is free are not held up.
@@ -1339,10 +1335,11 @@ fn postgres_claims_and_deletions_take_the_key_lock() -> Result<()> {
         assert!(lease.token() > held.token());
         lease
     };
+    let key_lock = db.key_lock()?;
     let mut client = db.client()?;
     let mut txn = client.transaction().map_err(pg::fixture)?;
     for key in ["new", "held", "expired"] {
-        txn.execute(KEY_LOCK, &[&"", &key]).map_err(pg::fixture)?;
+        txn.execute(&key_lock, &[&"", &key]).map_err(pg::fixture)?;
     }
     std::thread::scope(|s| -> Result<()> {
         let claimer = s.spawn(|| store.claim(&Key::new("new")?, fp("b")));
@@ -1395,7 +1392,8 @@ fn postgres_force_release_behind_a_replaced_record_releases_the_new_one() -> Res
     let now = clock.now().as_millis() as i64;
     let mut client = db.client()?;
     let mut txn = client.transaction().map_err(pg::fixture)?;
-    txn.execute(KEY_LOCK, &[&"", &"k"]).map_err(pg::fixture)?;
+    txn.execute(&db.key_lock()?, &[&"", &"k"])
+        .map_err(pg::fixture)?;
     std::thread::scope(|s| -> Result<()> {
         let releaser = s.spawn(|| store.force_release(&key));
         std::thread::sleep(Duration::from_millis(300));
@@ -1668,6 +1666,11 @@ mod pg {
                 .map_err(|e| Error::InvalidConfig {
                     reason: format!("test fixture: {e}"),
                 })
+        }
+
+        /// The key lock of the table's comment (`$1` scope, `$2` key).
+        pub fn key_lock(&self) -> Result<String> {
+            crate::common::pg::documented_key_lock(&mut self.client()?, &self.schema)
         }
 
         /// Deletes every record (keeps the schema).
