@@ -160,7 +160,7 @@ pub mod actix;
 #[cfg(any(feature = "tower", feature = "actix"))]
 mod admission;
 mod canonical_json;
-#[cfg(feature = "tower")]
+#[cfg(any(feature = "tower", feature = "actix"))]
 mod drain;
 mod flow;
 mod handle;

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod actix_drain;
 mod actix_middleware;
 mod examples;
 mod http_adapters;
