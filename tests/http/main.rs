@@ -16,6 +16,7 @@ mod keep_alive;
 mod layer_exactly_once;
 mod outlives_connection;
 mod payments_e2e;
+mod problem_answers;
 mod problem_types;
 mod real_sdk;
 mod sync_server;
