@@ -47,6 +47,9 @@ const CODES: [(&str, &str); 11] = [
     ("OUTCOME_UNKNOWN", problem_code::OUTCOME_UNKNOWN),
 ];
 
+// A type added to `CONSTANTS` needs its code here too.
+const _: () = assert!(CODES.len() == CONSTANTS.len());
+
 /// The directory holding this test's binary's `debug/deps` (or `release/deps`): the target
 /// directory the suite was built in, wherever `CARGO_TARGET_DIR` put it.
 fn target_dir() -> PathBuf {
