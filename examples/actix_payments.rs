@@ -10,7 +10,10 @@
 //!
 //! Options (`--help` lists them with their defaults): `--db PATH`, `--listen ADDR` (port 0
 //! picks a free one), `--wait-ms MS`, `--lease-ms MS`, `--delay-ms MS` and `--drop-answers N`,
-//! as `axum_payments` takes them. It prints `listening on http://ADDR` once it serves.
+//! as `axum_payments` takes them. It prints `listening on http://ADDR` once it serves. On
+//! SIGTERM or Ctrl-C it drains the middleware (new payments get 503; those in flight finish,
+//! for up to 10 s, even a payment whose client hung up), prints what the drain settled, then
+//! stops the server gracefully.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -84,7 +87,9 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
     // duplicate is woken by the holder's answer whichever worker runs either.
     let idempotency = Idempotency::shared(payments.store(), payments.idempotency());
     let dropper = Arc::new(Dropper::new(args.drop_answers));
+    let drain = idempotency.drain_handle();
     actix_web::rt::System::new().block_on(async move {
+        let (drained, report) = tokio::sync::oneshot::channel();
         let server = HttpServer::new(move || {
             let dropper = Arc::clone(&dropper);
             App::new()
@@ -103,14 +108,46 @@ pub fn serve(args: &Args) -> Result<(), BoxError> {
                     }
                 })
         })
+        // In place of actix's own SIGTERM handling: the payments in flight run on the workers'
+        // tasks, which end with the workers, so they are settled before the server stops.
+        .shutdown_signal(async move {
+            shutdown_signal().await;
+            let _ = drained.send(drain.finish(DRAIN_DEADLINE).await);
+        })
         .listen(listener)?;
         for addr in server.addrs() {
             println!("listening on http://{addr}");
         }
         std::io::stdout().flush()?;
         server.run().await?;
+        if let Ok(report) = report.await {
+            println!(
+                "drained: {} in flight, {} finished, {} stopped and released, {} left in progress",
+                report.in_flight, report.finished, report.stopped, report.left_in_progress
+            );
+        }
         Ok(())
     })
+}
+
+/// How long a shutdown lets the payments in flight finish before it stops them and releases
+/// their keys.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // No signal handling: serve until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
 }
 
 /// Counts `POST /payments` for `--drop-answers`.

@@ -87,7 +87,8 @@ impl Response {
 
     /// What is stored instead of a response larger than the store keeps
     /// (`max_response_bytes`) once the operation has run: a 500
-    /// `application/problem+json` that says so, replayed to every retry, so that the
+    /// `application/problem+json` (with `Cache-Control: no-store` and the `code`
+    /// `response-not-stored`) that says so, replayed to every retry, so that the
     /// operation is never run again for the key. [`IdempotencyStore::execute`](crate::IdempotencyStore::execute) and
     /// the HTTP flow store it; `size` and `limit` are those of
     /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge).
@@ -104,9 +105,13 @@ impl Response {
             "{{\"type\":\"{NOT_STORED_TYPE}\",\"title\":\"Response not stored\",\"status\":500,\
              \"detail\":\"The request was carried out, but {why}, so it cannot be replayed. The \
              request will not be carried out again for this key; ask the server's operator for \
-             its outcome.\"}}"
+             its outcome.\",\"code\":\"response-not-stored\"}}"
         );
-        Response::new(500, body).with_header("content-type", "application/problem+json")
+        // A layer's own answer: no shared cache keeps it (the HTTP flow's problems say the
+        // same).
+        Response::new(500, body)
+            .with_header("content-type", "application/problem+json")
+            .with_header("cache-control", "no-store")
     }
 }
 

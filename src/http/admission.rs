@@ -1,7 +1,7 @@
 //! The async layers' admission (the tower layer's and the actix middleware's): a bound on the
 //! claims a layer keeps on tokio's blocking pool, and the keys its own requests hold, so that a
 //! duplicate waits for the holder's answer on the runtime's timer instead of on a blocking
-//! thread, and a shutdown (the tower layer's drain) can settle every holder.
+//! thread, and a shutdown (the layer's drain) can settle every holder.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,7 +41,6 @@ pub(crate) struct Holder {
     settled: watch::Sender<()>,
     started: Instant,
     /// A twin of the holder's lease, for a drain that must release it.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) lease: Lease,
     /// The task that runs the holder's handler, for a drain that must stop it.
     pub(crate) task: Option<AbortHandle>,
@@ -115,14 +114,12 @@ impl Admission {
     }
 
     /// Refuses new claims from now on; the number of holders in flight.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) fn begin_drain(&self) -> usize {
         self.draining.store(true, Ordering::SeqCst);
         self.held.lock().len()
     }
 
     /// Ends when no holder is left.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) async fn idle(&self) {
         loop {
             // Made before the check, so that a holder letting go in between still wakes it.
@@ -135,7 +132,6 @@ impl Admission {
     }
 
     /// Takes every holder left, so that a drain can stop and settle them.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
     pub(crate) fn take_holders(&self) -> Vec<Holder> {
         let taken: Vec<Holder> = self.held.lock().drain().map(|(_, h)| h).collect();
         self.let_go.notify_waiters();

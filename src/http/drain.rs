@@ -1,5 +1,6 @@
-//! A graceful shutdown of the tower layer: every operation in flight finishes within a
-//! deadline, or is stopped and its key settled, so that no key is left in progress.
+//! A graceful shutdown of the async layers (the tower layer, the actix middleware): every
+//! operation in flight finishes within a deadline, or is stopped and its key settled, so that
+//! no key is left in progress.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +11,13 @@ use super::options::HandleOptions;
 use crate::api::store::IdempotencyStore;
 use crate::error::Error;
 
-/// The handle that drains an [`IdempotencyLayer`](super::tower::IdempotencyLayer) at
-/// shutdown, from [`IdempotencyLayer::drain_handle`](super::tower::IdempotencyLayer::drain_handle).
+/// The handle that drains a layer at shutdown: from `IdempotencyLayer::drain_handle` (the
+/// tower layer) or `Idempotency::drain_handle` (the actix middleware).
 ///
-/// The layer runs each handler on a task of its own, so that a client that hangs up cancels
+/// The layers run each handler on a task of their own, so that a client that hangs up cancels
 /// nothing; such a task outlives its connection, and so a server's graceful shutdown (which
-/// waits for connections) does not wait for it. Await [`Drain::finish`] after the server has
-/// stopped, before the runtime ends:
+/// waits for connections) does not wait for it. Behind the tower layer, await
+/// [`Drain::finish`] after the server has stopped, before the runtime ends:
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -35,6 +36,10 @@ use crate::error::Error;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// actix-web runs those tasks on its workers, which end with the server: there the drain
+/// runs *before* the server stops, as its shutdown signal (see the `actix` module's
+/// "Shutdown").
 #[derive(Clone)]
 pub struct Drain {
     pub(crate) store: Arc<dyn IdempotencyStore>,
@@ -68,8 +73,8 @@ pub struct DrainReport {
 impl Drain {
     /// Refuses new claims (503 with `Retry-After: 1`; the client's retry reaches the next
     /// instance), waits up to `deadline` for the operations in flight to finish and settle,
-    /// then stops those left and settles their keys. Call it once the server no longer takes
-    /// requests.
+    /// then stops those left and settles their keys. Behind the tower layer, call it once the
+    /// server no longer takes requests; behind the actix middleware, before its workers stop.
     pub async fn finish(&self, deadline: Duration) -> DrainReport {
         let in_flight = self.admission.begin_drain();
         let _ = tokio::time::timeout(deadline, self.admission.idle()).await;

@@ -278,7 +278,7 @@ pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
 /// Settles the key of an attempt that was stopped before it finished (a drain at
 /// shutdown): released, so that the retry runs afresh, or under
 /// [`Takeover::AnswerUnknown`] completed with the "outcome unknown" answer. Blocks.
-#[cfg_attr(not(feature = "tower"), allow(dead_code))] // the drain is the tower layer's
+#[cfg_attr(not(any(feature = "tower", feature = "actix")), allow(dead_code))] // the layers' drain
 pub(crate) fn abandon<S: IdempotencyStore + ?Sized>(
     store: &S,
     options: &HandleOptions,

@@ -52,8 +52,12 @@
 //! # Answers
 //!
 //! Every error answer is an RFC 9457 problem (`Content-Type: application/problem+json`) with
-//! the members `type`, `title`, `status` and `detail`; the `type` URIs are in
-//! [`problem_type`].
+//! the members `type`, `title`, `status`, `detail` and `code`; the `type` URIs are in
+//! [`problem_type`], and `code` is a short, stable name of the type to match on
+//! ([`problem_code`], [`Problem::code`]; `in-progress` for a 409, and so on: each heading of
+//! "Problem types" below gives its code). The answers the flow makes itself (the problems,
+//! fresh or stored, not the handler's answers or their replays) carry
+//! `Cache-Control: no-store`, so that no shared cache keeps a 409 or a 503.
 //!
 //! | case | status | extra header | built by |
 //! |---|---|---|---|
@@ -71,73 +75,76 @@
 //!
 //! # Problem types
 //!
-//! The `type` of each problem links to its heading here (the constants of [`problem_type`]).
+//! The `type` of each problem links to its heading here (the constants of [`problem_type`]);
+//! its `code` is the heading's anchor (the constants of [`problem_code`]).
 //!
 //! ## Missing key
 //!
-//! 400 ([`problem_type::MISSING_KEY`]): the request has no `Idempotency-Key` header, and the
-//! operation requires one. Send a new key (for example a UUID) with each new request.
+//! 400 ([`problem_type::MISSING_KEY`], code `missing-key`): the request has no `Idempotency-Key`
+//! header, and the operation requires one. Send a new key (for example a UUID) with each new
+//! request.
 //!
 //! ## Invalid key
 //!
-//! 400 ([`problem_type::INVALID_KEY`]): the `Idempotency-Key` header is malformed, or the key
-//! is not acceptable (empty, too long, not printable ASCII); the `detail` says why. A key is 1
-//! to 255 printable ASCII characters (or the store's `max_key_len`), sent as a quoted string
-//! (`"..."`) or bare.
+//! 400 ([`problem_type::INVALID_KEY`], code `invalid-key`): the `Idempotency-Key` header is
+//! malformed, or the key is not acceptable (empty, too long, not printable ASCII); the `detail`
+//! says why. A key is 1 to 255 printable ASCII characters (or the store's `max_key_len`), sent as a
+//! quoted string (`"..."`) or bare.
 //!
 //! ## Key reused
 //!
-//! 422 ([`problem_type::KEY_REUSED`]): the key was already used for a different request
-//! (method, path or body). Use a new key for a new request; retry with the original request
+//! 422 ([`problem_type::KEY_REUSED`], code `key-reused`): the key was already used for a different
+//! request (method, path or body). Use a new key for a new request; retry with the original request
 //! to get its answer.
 //!
 //! ## In progress
 //!
-//! 409 ([`problem_type::IN_PROGRESS`]), with `Retry-After`: the first request with this key
-//! is still being processed (or another attempt took it over while this one ran). Retry with
-//! the same key after `Retry-After` seconds to get its answer.
+//! 409 ([`problem_type::IN_PROGRESS`], code `in-progress`), with `Retry-After`: the first request
+//! with this key is still being processed (or another attempt took it over while this one ran).
+//! Retry with the same key after `Retry-After` seconds to get its answer.
 //!
 //! ## Store full
 //!
-//! 503 ([`problem_type::STORE_FULL`]), with `Retry-After`: the store holds as many records or
-//! bytes as its quota allows and refuses new keys for now; keys already stored still replay.
-//! Retry later with the same key.
+//! 503 ([`problem_type::STORE_FULL`], code `store-full`), with `Retry-After`: the store holds as
+//! many records or bytes as its quota allows and refuses new keys for now; keys already stored
+//! still replay. Retry later with the same key.
 //!
 //! ## Internal
 //!
-//! 500 ([`problem_type::INTERNAL`]): the server failed; the request may or may not have been
-//! applied. Retry with the same key to get its outcome.
+//! 500 ([`problem_type::INTERNAL`], code `internal`): the server failed; the request may or may not
+//! have been applied. Retry with the same key to get its outcome.
 //!
 //! ## Too large
 //!
-//! 413 ([`problem_type::TOO_LARGE`]): the body of an idempotent request is over the limit
-//! ([`HandleOptions::max_body`], 1 MiB by default).
+//! 413 ([`problem_type::TOO_LARGE`], code `too-large`): the body of an idempotent request is over
+//! the limit ([`HandleOptions::max_body`], 1 MiB by default).
 //!
 //! ## Invalid body
 //!
-//! 400 ([`problem_type::INVALID_BODY`]): the body of an idempotent request could not be read
-//! to the end (the layers: tower, actix); send it again.
+//! 400 ([`problem_type::INVALID_BODY`], code `invalid-body`): the body of an idempotent request
+//! could not be read to the end (the layers: tower, actix); send it again.
 //!
 //! ## Unavailable
 //!
-//! 503 ([`problem_type::UNAVAILABLE`]), with `Retry-After: 1`: the server could not reach its
-//! store (the call was made once more first if its outcome was unknown), or a layer (tower,
-//! actix) is overloaded and did not take the request. Retry with the same key to get the outcome.
+//! 503 ([`problem_type::UNAVAILABLE`], code `unavailable`), with `Retry-After: 1`: the server could
+//! not reach its store (the call was made once more first if its outcome was unknown), or a layer
+//! (tower, actix) is overloaded and did not take the request. Retry with the same key to get the
+//! outcome.
 //!
 //! ## Response not stored
 //!
-//! 500 ([`problem_type::NOT_STORED`]), stored under the key and replayed to every retry: the
-//! request was carried out, but its answer could not be stored (larger than the store's
-//! `max_response_bytes`, or its body failed while it was read). It is not carried out again
-//! for this key; the server's operator can tell its outcome.
+//! 500 ([`problem_type::NOT_STORED`], code `response-not-stored`), stored under the key and
+//! replayed to every retry: the request was carried out, but its answer could not be stored (larger
+//! than the store's `max_response_bytes`, or its body failed while it was read). It is not carried
+//! out again for this key; the server's operator can tell its outcome.
 //!
 //! ## Outcome unknown
 //!
-//! 500 ([`problem_type::OUTCOME_UNKNOWN`]), stored under the key and replayed to every retry,
-//! only with [`Takeover::AnswerUnknown`]: an earlier attempt of this request died before it
-//! settled (its server crashed, or its lease lapsed), and the handler cannot reconcile an
-//! attempt that may have half happened, so it is not run again for this key. The server's
-//! operator can tell its outcome.
+//! 500 ([`problem_type::OUTCOME_UNKNOWN`], code `outcome-unknown`), stored under the key and
+//! replayed to every retry, only with [`Takeover::AnswerUnknown`]: an earlier attempt of this
+//! request died before it settled (its server crashed, or its lease lapsed), and the handler cannot
+//! reconcile an attempt that may have half happened, so it is not run again for this key. The
+//! server's operator can tell its outcome.
 //!
 //! # Conversion failures
 //!
@@ -160,7 +167,7 @@ pub mod actix;
 #[cfg(any(feature = "tower", feature = "actix"))]
 mod admission;
 mod canonical_json;
-#[cfg(feature = "tower")]
+#[cfg(any(feature = "tower", feature = "actix"))]
 mod drain;
 mod flow;
 mod handle;
@@ -189,7 +196,7 @@ pub use self::options::{
     not_final,
 };
 pub use self::policy::{FingerprintPolicy, STRUCTURED_VERSION};
-pub use self::problem::{Problem, QUOTA_RETRY_AFTER_SECS, problem_type};
+pub use self::problem::{Problem, QUOTA_RETRY_AFTER_SECS, problem_code, problem_type};
 pub use self::response::{
     Decision, IDEMPOTENT_REPLAYED, InvalidResponse, decide, fingerprint, from_http, replay, to_http,
 };

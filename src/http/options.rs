@@ -294,8 +294,9 @@ impl HandleOptions {
     /// Renders the layer's own error answers (400, 409, 413, 422, 500, 503, and the 500 stored
     /// in place of an answer that cannot be kept) in the application's format instead of
     /// problem+json. The function gets the [`Problem`] (status, type, title, detail,
-    /// `retry_after`) and returns the whole answer; the layer adds `Retry-After` if the
-    /// function did not, and `Idempotency-Key` (see [`echo_key`](HandleOptions::echo_key)).
+    /// `retry_after`, and its [`code`](Problem::code) to match on) and returns the whole
+    /// answer; the layer adds `Retry-After` and `Cache-Control: no-store` if the function did
+    /// not, and `Idempotency-Key` (see [`echo_key`](HandleOptions::echo_key)).
     #[must_use]
     pub fn render_problem(
         mut self,
@@ -361,18 +362,24 @@ impl HandleOptions {
         self
     }
 
-    /// `problem` as an answer: the application's rendering, or problem+json.
+    /// `problem` as an answer: the application's rendering, or problem+json. Either way
+    /// `Cache-Control: no-store`, unless the rendering set its own: a shared cache must not
+    /// keep a 409 or a 503 that holds for this moment only (nor a 4xx that a fixed request
+    /// would not get).
     pub(crate) fn answer(&self, problem: &Problem) -> ::http::Response<Vec<u8>> {
-        let Some(render) = &self.render else {
-            return problem.to_http();
+        let mut answer = match &self.render {
+            Some(render) => render(problem),
+            None => problem.to_http(),
         };
-        let mut answer = render(problem);
+        let headers = answer.headers_mut();
         if let Some(seconds) = problem.retry_after {
-            answer
-                .headers_mut()
+            headers
                 .entry(::http::header::RETRY_AFTER)
                 .or_insert_with(|| ::http::HeaderValue::from(seconds));
         }
+        headers
+            .entry(::http::header::CACHE_CONTROL)
+            .or_insert_with(|| ::http::HeaderValue::from_static("no-store"));
         answer
     }
 

@@ -71,6 +71,74 @@ pub mod problem_type {
     ];
 }
 
+/// The short, stable `code` of each problem of [`problem_type`]: the member `code` of its
+/// problem+json body and [`Problem::code`], for a client or an application's
+/// [`render_problem`](crate::http::HandleOptions::render_problem) to match on instead of the
+/// `type` URI. Each is the fragment of its type's URI (the heading of its explanation), so a
+/// code and its type never disagree.
+///
+/// ```
+/// use idempotency_store::http::{Problem, problem_code};
+///
+/// let problem = Problem::mismatch();
+/// let answer = match problem.code.as_deref() {
+///     Some(problem_code::KEY_REUSED) => "use a new key",
+///     _ => "something else",
+/// };
+/// assert_eq!(answer, "use a new key");
+/// ```
+pub mod problem_code {
+    /// 400, [`problem_type::MISSING_KEY`](super::problem_type::MISSING_KEY).
+    pub const MISSING_KEY: &str = "missing-key";
+    /// 400, [`problem_type::INVALID_KEY`](super::problem_type::INVALID_KEY).
+    pub const INVALID_KEY: &str = "invalid-key";
+    /// 422, [`problem_type::KEY_REUSED`](super::problem_type::KEY_REUSED).
+    pub const KEY_REUSED: &str = "key-reused";
+    /// 409, [`problem_type::IN_PROGRESS`](super::problem_type::IN_PROGRESS).
+    pub const IN_PROGRESS: &str = "in-progress";
+    /// 503, [`problem_type::STORE_FULL`](super::problem_type::STORE_FULL).
+    pub const STORE_FULL: &str = "store-full";
+    /// 500, [`problem_type::INTERNAL`](super::problem_type::INTERNAL).
+    pub const INTERNAL: &str = "internal";
+    /// 413, [`problem_type::TOO_LARGE`](super::problem_type::TOO_LARGE).
+    pub const TOO_LARGE: &str = "too-large";
+    /// 400, [`problem_type::INVALID_BODY`](super::problem_type::INVALID_BODY).
+    pub const INVALID_BODY: &str = "invalid-body";
+    /// 503, [`problem_type::UNAVAILABLE`](super::problem_type::UNAVAILABLE).
+    pub const UNAVAILABLE: &str = "unavailable";
+    /// 500, stored, [`problem_type::NOT_STORED`](super::problem_type::NOT_STORED).
+    pub const NOT_STORED: &str = "response-not-stored";
+    /// 500, stored, [`problem_type::OUTCOME_UNKNOWN`](super::problem_type::OUTCOME_UNKNOWN).
+    pub const OUTCOME_UNKNOWN: &str = "outcome-unknown";
+
+    /// Where every type URI of this crate's problems starts; the code is the rest.
+    pub(super) const TYPE_PREFIX: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
+
+    /// The code of a problem `type`: its fragment, for this crate's types; `None` for others.
+    pub(super) fn of_type(problem_type: &str) -> Option<String> {
+        problem_type
+            .strip_prefix(TYPE_PREFIX)
+            .filter(|code| !code.is_empty())
+            .map(str::to_owned)
+    }
+
+    #[cfg(test)]
+    pub(super) const ALL: [&str; 11] = [
+        OUTCOME_UNKNOWN,
+        UNAVAILABLE,
+        NOT_STORED,
+        INVALID_BODY,
+        MISSING_KEY,
+        INVALID_KEY,
+        KEY_REUSED,
+        IN_PROGRESS,
+        STORE_FULL,
+        INTERNAL,
+        TOO_LARGE,
+    ];
+}
+
 /// An RFC 9457 problem: the `application/problem+json` answer of the IETF draft.
 ///
 /// ```
@@ -93,10 +161,16 @@ pub struct Problem {
     pub detail: String,
     /// Seconds for a `Retry-After` header, if the client should retry later.
     pub retry_after: Option<u64>,
+    /// The `code` member: a short, stable name of the type to match on ([`problem_code`]).
+    /// [`Problem::new`] sets it for the types of [`problem_type`]; `None` (no member) for
+    /// other types unless set with [`with_code`](Problem::with_code).
+    pub code: Option<String>,
 }
 
 impl Problem {
-    /// A problem of your own (for example a 400 for a body that fails validation).
+    /// A problem of your own (for example a 400 for a body that fails validation). Its
+    /// [`code`](Problem::code) is that of `problem_type` if it is one of [`problem_type`]'s,
+    /// else none.
     #[must_use]
     pub fn new(
         status: StatusCode,
@@ -104,13 +178,22 @@ impl Problem {
         title: impl Into<String>,
         detail: impl Into<String>,
     ) -> Self {
+        let problem_type = problem_type.into();
         Problem {
             status,
-            problem_type: problem_type.into(),
+            code: problem_code::of_type(&problem_type),
+            problem_type,
             title: title.into(),
             detail: detail.into(),
             retry_after: None,
         }
+    }
+
+    /// Sets the `code` member (for a problem type of your own, say `"card-declined"`).
+    #[must_use]
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
     }
 
     /// Adds a `Retry-After` of `seconds`.
@@ -287,7 +370,8 @@ impl Problem {
         }
     }
 
-    /// The JSON body: `{"type", "title", "status", "detail"}`, in that order.
+    /// The JSON body: `{"type", "title", "status", "detail", "code"}`, in that order, `code`
+    /// only if set (an extension member, RFC 9457 §3.2).
     #[must_use]
     pub fn to_json(&self) -> Vec<u8> {
         #[derive(serde::Serialize)]
@@ -297,12 +381,15 @@ impl Problem {
             title: &'a str,
             status: u16,
             detail: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            code: Option<&'a str>,
         }
         let body = Body {
             problem_type: &self.problem_type,
             title: &self.title,
             status: self.status.as_u16(),
             detail: &self.detail,
+            code: self.code.as_deref(),
         };
         // Serializing strings and a number cannot fail.
         serde_json::to_vec(&body).unwrap_or_default()
@@ -420,6 +507,105 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), problem_type::ALL.len());
+    }
+
+    #[test]
+    fn every_problem_type_has_its_fragment_as_its_code() {
+        assert_eq!(problem_code::ALL.len(), problem_type::ALL.len());
+        for (problem_type, code) in problem_type::ALL.into_iter().zip(problem_code::ALL) {
+            assert_eq!(problem_type.rsplit_once('#').map(|(_, f)| f), Some(code));
+            assert_eq!(problem_code::of_type(problem_type).as_deref(), Some(code));
+            let problem = Problem::new(StatusCode::BAD_REQUEST, problem_type, "t", "d");
+            assert_eq!(problem.code.as_deref(), Some(code));
+            assert_eq!(json(&problem.to_json())["code"], code);
+        }
+        // Every constructor's problem carries its type's code.
+        let at = Timestamp::from_millis;
+        for (problem, code) in [
+            (Problem::missing_key(), problem_code::MISSING_KEY),
+            (Problem::invalid_key("empty"), problem_code::INVALID_KEY),
+            (Problem::mismatch(), problem_code::KEY_REUSED),
+            (
+                Problem::in_progress(at(2), at(1)),
+                problem_code::IN_PROGRESS,
+            ),
+            (Problem::quota_exceeded(1), problem_code::STORE_FULL),
+            (Problem::overloaded(), problem_code::UNAVAILABLE),
+            (Problem::unavailable(), problem_code::UNAVAILABLE),
+            (Problem::internal(), problem_code::INTERNAL),
+            (Problem::not_stored("why"), problem_code::NOT_STORED),
+            (Problem::outcome_unknown(1), problem_code::OUTCOME_UNKNOWN),
+            (
+                Problem::from_error(&Error::LeaseLost),
+                problem_code::IN_PROGRESS,
+            ),
+        ] {
+            assert_eq!(problem.code.as_deref(), Some(code), "{problem:?}");
+            assert_problem(
+                &problem.to_http(),
+                problem.status.as_u16(),
+                &problem.problem_type,
+            );
+        }
+        // The substitute spelled below this layer carries it too.
+        let stored = Response::not_stored(2, 1);
+        assert_eq!(json(&stored.body)["code"], problem_code::NOT_STORED);
+        let why = crate::api::response::too_large(2, 1);
+        assert_eq!(stored.body, Problem::not_stored(&why).to_json());
+    }
+
+    #[test]
+    fn a_problem_of_ones_own_has_no_code_unless_given_one() {
+        let declined = Problem::new(
+            StatusCode::PAYMENT_REQUIRED,
+            "https://example.com/declined",
+            "Card declined",
+            "The card was declined.",
+        );
+        assert_eq!(declined.code, None);
+        assert!(json(&declined.to_json()).get("code").is_none());
+        let declined = declined.with_code("card-declined");
+        assert_eq!(json(&declined.to_json())["code"], "card-declined");
+        // A type of this crate's page without a fragment names no problem.
+        let bare = Problem::new(StatusCode::BAD_REQUEST, problem_code::TYPE_PREFIX, "t", "d");
+        assert_eq!(bare.code, None);
+    }
+
+    #[test]
+    fn the_layers_answers_say_no_store_unless_rendered_otherwise() {
+        use ::http::header::CACHE_CONTROL;
+        let options = crate::http::HandleOptions::new();
+        let answer = options.answer(&Problem::mismatch());
+        assert_problem(&answer, 422, problem_type::KEY_REUSED);
+        assert_eq!(answer.headers()[CACHE_CONTROL], "no-store");
+        // The application's rendering: its own Cache-Control is kept, else no-store is added.
+        let render = |cache: Option<&'static str>| {
+            crate::http::HandleOptions::new().render_problem(move |problem| {
+                let mut answer = ::http::Response::new(problem.code.clone().unwrap_or_default());
+                *answer.status_mut() = problem.status;
+                if let Some(cache) = cache {
+                    answer
+                        .headers_mut()
+                        .insert(CACHE_CONTROL, cache.parse().expect("value"));
+                }
+                answer.map(String::into_bytes)
+            })
+        };
+        let busy = Problem::in_progress(Timestamp::from_millis(3000), Timestamp::from_millis(0));
+        let own = render(Some("private")).answer(&busy);
+        assert_eq!(own.headers()[CACHE_CONTROL], "private");
+        let bare = render(None).answer(&busy);
+        assert_eq!(bare.headers()[CACHE_CONTROL], "no-store");
+        assert_eq!(retry_after(&bare), Some("3"));
+        assert_eq!(bare.body(), b"in-progress");
+        // `to_http` alone, which an application may store as its own final answer, is as it
+        // was.
+        assert!(
+            !Problem::mismatch()
+                .to_http()
+                .headers()
+                .contains_key(CACHE_CONTROL)
+        );
     }
 
     #[test]

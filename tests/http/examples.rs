@@ -2,7 +2,8 @@
 //! option's error names the option, the payments servers answer 405 with the `Allow`
 //! header (RFC 9110 §15.5.6), and all serve `GET /metrics` in the Prometheus text format
 //! after a replay, a conflict and a mismatch (each server a child process, since a process
-//! has one global metrics recorder).
+//! has one global metrics recorder), and the async servers (axum, actix) settle the payments
+//! in flight when SIGTERM stops them.
 //!
 //! The servers' option parsing is checked in this process (their files are compiled in);
 //! the built binaries are run too when `cargo test` has built them (it builds the examples
@@ -19,6 +20,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
+
+use idempotency_store::IdempotencyStore;
+use redb::ReadableTable;
 
 #[allow(dead_code)] // its `main` is not used here
 #[path = "../../examples/payments_server.rs"]
@@ -328,6 +332,8 @@ fn example_server_child() {
 struct ChildServer {
     child: Child,
     addr: std::net::SocketAddr,
+    /// The lines it prints after `listening on`.
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl ChildServer {
@@ -351,18 +357,23 @@ impl ChildServer {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in out.lines().map_while(Result::ok) {
-                // libtest may have printed "test example_server_child ... " on the same line.
-                if let Some((_, addr)) = line.split_once("listening on http://") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
+                let _ = tx.send(line);
             }
         });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("{name} did not start listening within 60 s"))
-            .parse()
-            .expect("address");
-        ChildServer { child, addr }
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{name} did not start listening within 60 s"));
+            // libtest may have printed "test example_server_child ... " on the same line.
+            if let Some((_, addr)) = line.split_once("listening on http://") {
+                break addr.trim().parse().expect("address");
+            }
+        };
+        ChildServer {
+            child,
+            addr,
+            lines: rx,
+        }
     }
 }
 
@@ -459,5 +470,94 @@ fn every_server_serves_metrics_after_a_replay_a_conflict_and_a_mismatch() {
             "{name}: {allow}"
         );
         assert!(!allow.contains("POST"), "{name}: {allow}");
+    }
+}
+
+/// SIGTERM while two payments are in flight (each charge takes 1 s; one client waits for its
+/// answer, the other has hung up): the async servers drain their layer before they exit, so
+/// both keys are completed with one ledger row each and none is left in progress, and the
+/// client still waiting gets its answer.
+#[test]
+fn the_async_servers_settle_the_payments_in_flight_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body = r#"{"amount": 4999, "currency": "usd", "customerId": "cus_123"}"#;
+    for name in ["axum_payments", "actix_payments"] {
+        let db = dir.path().join(format!("{name}.redb"));
+        let mut server = ChildServer::start(name, &db);
+        let addr = server.addr;
+        let waiting = std::thread::spawn(move || {
+            let http = client::Client::new(addr).with_timeout(Duration::from_secs(30));
+            http.post("/payments", Some("waiting"), body)
+        });
+        let mut gone = TcpStream::connect(addr).expect("connect");
+        let head = format!(
+            "POST /payments HTTP/1.1\r\nHost: {addr}\r\nIdempotency-Key: \"gone\"\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        gone.write_all(head.as_bytes()).expect("send");
+        // Both charges are under way (they take 1 s); one client hangs up.
+        std::thread::sleep(Duration::from_millis(500));
+        drop(gone);
+        let pid = libc::pid_t::try_from(server.child.id()).expect("pid");
+        // SAFETY: a signal to the child this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "{name}: kill");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = server.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} still runs 30 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{name}: {status}");
+        let reply = waiting.join().expect("client").expect("answer");
+        assert_eq!(reply.status, 201, "{name}: {reply:?}");
+        let printed: Vec<String> = server.lines.try_iter().collect();
+        let drained = printed
+            .iter()
+            .find(|line| line.contains("drained: "))
+            .unwrap_or_else(|| panic!("{name} printed no drain report: {printed:?}"));
+        assert!(
+            drained.ends_with(" 0 left in progress"),
+            "{name}: {drained}"
+        );
+        if name == "actix_payments" {
+            // It drains before the server stops: both were in flight.
+            assert!(
+                drained.contains("drained: 2 in flight, 2 finished"),
+                "{drained}"
+            );
+        }
+
+        let store = actix_payments::server::store_builder()
+            .open(&db)
+            .expect("reopen");
+        for key in ["waiting", "gone"] {
+            let key = idempotency_store::Key::new(key).expect("key");
+            let state = store.lookup(&key).expect("lookup").map(|r| r.state);
+            assert!(
+                matches!(
+                    state,
+                    Some(idempotency_store::RecordState::Completed { .. })
+                ),
+                "{name} {key}: {state:?}"
+            );
+        }
+        let mut charged = store
+            .read_with(|txn| -> Result<Vec<String>, redb::Error> {
+                let mut keys = Vec::new();
+                for row in txn.open_table(actix_payments::server::LEDGER)?.iter()? {
+                    keys.push(row?.1.value().0.to_owned());
+                }
+                Ok(keys)
+            })
+            .expect("read")
+            .expect("ledger rows");
+        charged.sort();
+        assert_eq!(charged, ["gone", "waiting"], "{name}");
     }
 }

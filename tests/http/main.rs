@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod actix_drain;
 mod actix_middleware;
 mod examples;
 mod http_adapters;
@@ -15,6 +16,7 @@ mod keep_alive;
 mod layer_exactly_once;
 mod outlives_connection;
 mod payments_e2e;
+mod problem_answers;
 mod problem_types;
 mod real_sdk;
 mod sync_server;

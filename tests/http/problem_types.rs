@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use idempotency_store::http::problem_type;
+use idempotency_store::http::{problem_code, problem_type};
 
 const PREFIX: &str = "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
 
@@ -31,6 +31,24 @@ const CONSTANTS: [(&str, &str); 11] = [
     ("NOT_STORED", problem_type::NOT_STORED),
     ("OUTCOME_UNKNOWN", problem_type::OUTCOME_UNKNOWN),
 ];
+
+/// Every constant of `problem_code`, by the name of its type in `problem_type`.
+const CODES: [(&str, &str); 11] = [
+    ("MISSING_KEY", problem_code::MISSING_KEY),
+    ("INVALID_KEY", problem_code::INVALID_KEY),
+    ("KEY_REUSED", problem_code::KEY_REUSED),
+    ("IN_PROGRESS", problem_code::IN_PROGRESS),
+    ("STORE_FULL", problem_code::STORE_FULL),
+    ("INTERNAL", problem_code::INTERNAL),
+    ("TOO_LARGE", problem_code::TOO_LARGE),
+    ("INVALID_BODY", problem_code::INVALID_BODY),
+    ("UNAVAILABLE", problem_code::UNAVAILABLE),
+    ("NOT_STORED", problem_code::NOT_STORED),
+    ("OUTCOME_UNKNOWN", problem_code::OUTCOME_UNKNOWN),
+];
+
+// A type added to `CONSTANTS` needs its code here too.
+const _: () = assert!(CODES.len() == CONSTANTS.len());
 
 /// The directory holding this test's binary's `debug/deps` (or `release/deps`): the target
 /// directory the suite was built in, wherever `CARGO_TARGET_DIR` put it.
@@ -137,4 +155,28 @@ fn every_problem_type_anchor_exists_on_the_http_page() {
         missing.is_empty(),
         "no such id on http/index.html: {missing:?}"
     );
+}
+
+/// Each problem's `code` is its type's fragment, and the type's heading on the page (what a
+/// client following the `type` reads) names it.
+#[test]
+fn every_problem_code_is_named_under_its_type_heading() {
+    let html = http_page();
+    for ((name, uri), (code_of, code)) in CONSTANTS.iter().zip(CODES) {
+        assert_eq!(*name, code_of, "CODES in the order of CONSTANTS");
+        assert_eq!(&uri[PREFIX.len()..], code, "{name}");
+        let start = html
+            .find(&format!(" id=\"{code}\""))
+            .unwrap_or_else(|| panic!("{name}: no heading #{code}"));
+        // Its section: up to the next heading.
+        let section = &html[start..];
+        let end = (2..=4)
+            .filter_map(|level| section.find(&format!("<h{level}")))
+            .min()
+            .unwrap_or(section.len());
+        assert!(
+            section[..end].contains(&format!("<code>{code}</code>")),
+            "{name}: its heading does not name the code {code}"
+        );
+    }
 }

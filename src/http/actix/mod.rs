@@ -66,13 +66,45 @@
 //! ([`actix_web::rt::spawn`]); the response future only waits for that task. A client that
 //! hangs up or times out cancels nothing: the handler runs to its end, its answer is stored,
 //! and the client's retry gets the replay (or waits for it, or 409 while it runs). The task
-//! ends with the worker: a server that stops before the handler returns leaves the key in
-//! progress until its lease lapses, as a crash does.
+//! ends with the worker, so a graceful shutdown drains the middleware first (below); a server
+//! that stops without it before the handler returns leaves the key in progress until its
+//! lease lapses, as a crash does.
+//!
+//! # Shutdown
+//!
+//! [`Idempotency::drain_handle`] gives the tower layer's [`Drain`], with the same
+//! [`DrainReport`]. actix's workers end with the server and take the tasks they run with them,
+//! so the drain runs *before* they stop: as the server's shutdown signal, which replaces
+//! actix's own handling of SIGTERM and SIGINT. [`Drain::finish`] refuses new claims (503 with
+//! `Retry-After: 1`), lets the operations in flight finish up to its deadline, then stops
+//! those left and releases their keys (or stores "outcome unknown" under
+//! [`Takeover::AnswerUnknown`](super::Takeover::AnswerUnknown)); the server then stops
+//! gracefully, its connections answered.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use actix_web::{App, HttpServer};
+//! # use idempotency_store::http::{actix::Idempotency, HandleOptions};
+//! # async fn serve(store: idempotency_store::Store) -> std::io::Result<()> {
+//! let idempotency = Idempotency::new(store, HandleOptions::new());
+//! let drain = idempotency.drain_handle();
+//! HttpServer::new(move || App::new().wrap(idempotency.clone()))
+//!     .shutdown_signal(async move {
+//!         let _ = tokio::signal::ctrl_c().await; // or SIGTERM
+//!         let report = drain.finish(Duration::from_secs(10)).await;
+//!         assert_eq!(report.left_in_progress, 0);
+//!     })
+//!     .bind("127.0.0.1:8080")?
+//!     .run()
+//!     .await
+//! # }
+//! ```
 //!
 //! An error the inner service returns instead of a response is answered as actix renders it
 //! (`ResponseError::error_response`), and that answer is settled like any other.
 
 mod convert;
+mod shutdown;
 
 use std::future::{Future, Ready, ready};
 use std::pin::Pin;
@@ -88,6 +120,7 @@ use tokio::sync::oneshot;
 
 use super::admission::{Admission, Holding};
 pub use super::admission::{DEFAULT_MAX_BLOCKING, DEFAULT_QUEUE_TIMEOUT};
+pub use super::drain::{Drain, DrainReport};
 use super::flow::{self, Screen, Ticket};
 use super::heartbeat::LeaseWatch;
 use super::options::HandleOptions;
