@@ -1,8 +1,9 @@
 //! What a store answers: claim outcomes, leases, replays, record views and operator results.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use crate::api::clock::Timestamp;
+use crate::api::clock::{Timestamp, millis};
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::response::Response;
@@ -72,6 +73,8 @@ pub struct Lease {
     pub(crate) attempt: u32,
     pub(crate) lease_until: Timestamp,
     pub(crate) checkpoint: Option<Vec<u8>>,
+    /// How long the completed record replays, in milliseconds, if not the store's retention.
+    pub(crate) retention_ms: Option<u64>,
     pub(crate) in_doubt: InDoubt,
 }
 
@@ -121,6 +124,7 @@ impl Lease {
             attempt,
             lease_until,
             checkpoint,
+            retention_ms: None,
             in_doubt: InDoubt::default(),
         }
     }
@@ -163,13 +167,34 @@ impl Lease {
     /// token, so either handle settles the lease, and the other then gets `LeaseLost`.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn twin(&self) -> Lease {
-        Lease::new(
-            self.key.clone(),
-            self.token,
-            self.attempt,
-            self.lease_until,
-            None,
-        )
+        Lease {
+            retention_ms: self.retention_ms,
+            ..Lease::new(
+                self.key.clone(),
+                self.token,
+                self.attempt,
+                self.lease_until,
+                None,
+            )
+        }
+    }
+
+    /// Keeps the record that completes this lease for `retention` after its completion,
+    /// instead of the store's [`retention`](crate::Settings::retention): a TTL per operation
+    /// (the HTTP layer's per-route `HandleOptions::ttl` sets it), with one
+    /// store, one key space and one sweep for all of them. It applies to the completion
+    /// (`complete`, `complete_with` and their async forms); a record in progress, or one
+    /// released, expires as the store's setting says. At least 1 ms; on `PgStore` at most the
+    /// same cap as the store's own retention.
+    pub fn keep_for(&mut self, retention: Duration) -> &mut Self {
+        self.retention_ms = Some(millis(retention).max(1));
+        self
+    }
+
+    /// The retention set with [`keep_for`](Lease::keep_for), if any (else the store's applies).
+    #[must_use]
+    pub fn retention(&self) -> Option<Duration> {
+        self.retention_ms.map(Duration::from_millis)
     }
 
     /// Marks the lease as if a settling call had failed with its outcome unknown; for the

@@ -610,6 +610,7 @@ mod tests {
                     token: 1,
                     response: crate::api::response::Response::new(200, vec![0; size]),
                     retry: false,
+                    retention_ms: None,
                 };
                 Job::write(complete, Arc::default())
             })

@@ -52,6 +52,8 @@ pub(crate) struct Complete {
     /// An earlier completion of this lease failed with its outcome unknown: finding that
     /// completion already stored is success.
     pub retry: bool,
+    /// The lease's own retention ([`Lease::keep_for`]), else the store's.
+    pub retention_ms: Option<u64>,
 }
 
 /// A caller's effect: runs on the batch leader's thread, once, with the batch's tables.
@@ -156,7 +158,8 @@ impl Write for Complete {
             return Ok(());
         };
         let old_expires_at = held.expires_at;
-        let record = held.completed(self.token, self.response, ctx.now, ctx.retention_ms);
+        let retention_ms = self.retention_ms.unwrap_or(ctx.retention_ms);
+        let record = held.completed(self.token, self.response, ctx.now, retention_ms);
         tables.put(&self.key, Some(old_expires_at), &record)
     }
 }
@@ -213,6 +216,17 @@ impl Write for Release {
 }
 
 impl Complete {
+    /// The completion of `lease` with `response`; `retry` as for [`Complete::retry`].
+    pub(crate) fn of(lease: &Lease, response: Response, retry: bool) -> Complete {
+        Complete {
+            key: lease.key.clone(),
+            token: lease.token,
+            response,
+            retry,
+            retention_ms: lease.retention_ms,
+        }
+    }
+
     /// The record this completion may settle; `None` for a retry that finds its own
     /// completion stored (the earlier attempt of this very call landed, only its answer was
     /// lost): nothing left to do.

@@ -240,10 +240,13 @@ pub(crate) fn decide<S: IdempotencyStore + ?Sized>(
     claim: crate::error::Result<Claim>,
     held_for: Option<Duration>,
 ) -> Decided {
-    let claim = match claim {
+    let mut claim = match claim {
         Ok(claim) => claim,
         Err(err) => return Decided::Answer(failed(options, &err)),
     };
+    if let (Claim::Acquired(lease), Some(ttl)) = (&mut claim, options.ttl) {
+        lease.keep_for(ttl);
+    }
     Decided::Answer(match claim {
         Claim::Acquired(lease) if answers_unknown(options, &lease) => {
             outcome_unknown(store, options, &lease)

@@ -125,6 +125,7 @@ type ErrorFn = Arc<dyn Fn(&(dyn std::error::Error + 'static)) + Send + Sync>;
 /// | [`max_body`](HandleOptions::max_body) | 1 MiB, 413 beyond |
 /// | [`expected_duration`](HandleOptions::expected_duration) for `Retry-After` | none: measured per route |
 /// | [`heartbeat`](HandleOptions::heartbeat) | on, every third of the lease |
+/// | [`ttl`](HandleOptions::ttl): how long a completed answer replays | the store's `retention` |
 /// | [`complete_with`](HandleOptions::complete_with) | [`IdempotencyStore::complete`](crate::IdempotencyStore::complete) |
 /// | [`on_error`](HandleOptions::on_error): the errors behind a 500, for logging | none |
 #[derive(Clone)]
@@ -143,6 +144,7 @@ pub struct HandleOptions {
     pub(crate) max_body: usize,
     pub(crate) durations: Arc<Durations>,
     pub(crate) heartbeat: bool,
+    pub(crate) ttl: Option<Duration>,
     pub(crate) complete: Option<CompleteHook>,
     pub(crate) on_error: Option<ErrorFn>,
 }
@@ -176,6 +178,7 @@ impl Default for HandleOptions {
             max_body: DEFAULT_MAX_BODY,
             durations: Arc::new(Durations::default()),
             heartbeat: true,
+            ttl: None,
             complete: None,
             on_error: None,
         }
@@ -198,6 +201,7 @@ impl fmt::Debug for HandleOptions {
             .field("finality", &self.finality)
             .field("max_body", &self.max_body)
             .field("heartbeat", &self.heartbeat)
+            .field("ttl", &self.ttl)
             .field("complete_with", &self.complete.is_some())
             .finish_non_exhaustive()
     }
@@ -208,6 +212,20 @@ impl HandleOptions {
     #[must_use]
     pub fn new() -> Self {
         HandleOptions::default()
+    }
+
+    /// How long this route's completed answers replay (default: the store's
+    /// [`retention`](crate::Settings::retention)): a payment's retry window may be a day and a
+    /// webhook's delivery window a week, on one store. Keys stay one namespace: the same key
+    /// on two routes with a different request is still a 422, whatever each route's TTL. The
+    /// TTL counts from the completion, as the store's retention does; it applies to what the
+    /// layer stores for the route (the handler's answer, or the substitute stored in its
+    /// place), while a record in progress or released expires as the store's setting says.
+    /// At least 1 ms (see [`Lease::keep_for`], which the layer calls on each lease it runs).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 
     /// The methods that need a key; requests with other methods pass through to the handler

@@ -155,7 +155,7 @@ impl Backend for PgStore {
         let done = self.fenced(
             |st| &st.complete,
             lease,
-            &[&status, &headers, &response.body, &self.retention_ms],
+            &[&status, &headers, &response.body, &self.retention_of(lease)],
             "completing a lease",
         );
         self.settle(lease, done.map(drop), Some(&response))

@@ -102,7 +102,7 @@ impl PgStore {
                         &status,
                         &headers,
                         &response.body,
-                        &self.retention_ms,
+                        &self.retention_of(lease),
                     ],
                 )
                 .map_err(|e| pg("completing a lease after the caller's statements", e))?;

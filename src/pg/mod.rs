@@ -342,4 +342,12 @@ impl PgStore {
     fn check_size(&self, size: usize) -> Result<()> {
         self.settings.shared.check_size(size)
     }
+
+    /// How long `lease`'s completed record replays, in milliseconds: its own
+    /// ([`Lease::keep_for`](crate::api::outcome::Lease::keep_for)), else the store's.
+    fn retention_of(&self, lease: &crate::api::outcome::Lease) -> i64 {
+        lease
+            .retention_ms
+            .map_or(self.retention_ms, |ms| rows::capped(ms, MAX_DURATION_MS))
+    }
 }

@@ -85,12 +85,7 @@ impl Store {
         self.check_size(response.size())?;
         // Never a retry: a retry that found its completion could not give the effect's value
         // back. After an outcome-unknown error, settle with `complete` and the same response.
-        let complete = Complete {
-            key: lease.key.clone(),
-            token: lease.token,
-            response,
-            retry: false,
-        };
+        let complete = Complete::of(lease, response, false);
         let ran = self.engine.write(CompleteEffects { complete, effect })?;
         let outcome = ran.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         if outcome.is_ok() {
@@ -254,12 +249,7 @@ impl Store {
         F: FnOnce(&WriteTransaction) -> std::result::Result<(), E>,
     {
         self.check_size(response.size())?;
-        let complete = Complete {
-            key: lease.key.clone(),
-            token: lease.token,
-            response,
-            retry: lease.in_doubt.get(),
-        };
+        let complete = Complete::of(lease, response, lease.in_doubt.get());
         let done = self.engine.complete_with(complete, effect);
         lease.in_doubt.after(&done);
         if let Err(err) = done? {

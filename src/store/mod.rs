@@ -198,12 +198,7 @@ impl Store {
     /// The write of `complete`.
     fn complete_write(&self, lease: &Lease, response: Response) -> Result<Complete> {
         self.check_size(response.size())?;
-        Ok(Complete {
-            key: lease.key.clone(),
-            token: lease.token,
-            response,
-            retry: lease.in_doubt.get(),
-        })
+        Ok(Complete::of(lease, response, lease.in_doubt.get()))
     }
 
     /// After a settling call (`complete`, `release`): a lease whose call failed with its

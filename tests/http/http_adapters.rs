@@ -14,7 +14,8 @@
 //!   the client's retry gets the stored answer within 0.5 s of the handler finishing;
 //! - a store that cannot be reached: 503 with `Retry-After`, the handler never runs;
 //! - an answer larger than the store keeps: the stored 500 substitute, replayed after the
-//!   lease would have lapsed, the handler run once.
+//!   lease would have lapsed, the handler run once;
+//! - two routes with their own TTL over one store: each answer replays for its route's time.
 
 #[path = "../adapters/mod.rs"]
 mod adapters;
@@ -390,6 +391,85 @@ fn oversize_answer_is_substituted_and_never_rerun(adapter: &Adapter) {
     assert_eq!(handler.runs(), 1, "{}", adapter.name);
 }
 
+/// Two routes (two layers) over one store, one with a TTL of an hour and one with the store's
+/// day: each answer replays for its own route's time, measured from its completion, and the
+/// key space stays one (the same key on the other route with another body is a 422).
+fn per_route_ttl_on_one_store(adapter: &Adapter) {
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let store: Arc<dyn IdempotencyStore> = Arc::new(
+        Store::builder()
+            .clock(clock.clone())
+            .open_in_memory()
+            .expect("store"),
+    );
+    let hour = Duration::from_secs(3600);
+    let handler = Handler::new(Duration::ZERO);
+    let hourly = (adapter.start)(
+        Arc::clone(&store),
+        HandleOptions::new().ttl(hour),
+        Arc::clone(&handler),
+    );
+    let daily = (adapter.start)(
+        Arc::clone(&store),
+        HandleOptions::new(),
+        Arc::clone(&handler),
+    );
+    let (hourly, daily) = (Client::new(hourly.addr), Client::new(daily.addr));
+    assert_eq!(
+        hourly
+            .post("/payments", Some("h"), BODY)
+            .expect("post")
+            .status,
+        201
+    );
+    assert_eq!(
+        daily
+            .post("/payments", Some("d"), BODY)
+            .expect("post")
+            .status,
+        201
+    );
+    let expires = |key: &str| {
+        let key = idempotency_store::Key::new(key).expect("key");
+        let view = store.lookup(&key).expect("lookup").expect("stored");
+        view.expires_at.as_millis() - store.now().expect("now").as_millis()
+    };
+    assert_eq!(expires("h"), 3_600_000, "{}", adapter.name);
+    assert_eq!(expires("d"), 86_400_000, "{}", adapter.name);
+    let other = daily
+        .post(
+            "/payments",
+            Some("h"),
+            r#"{"amount": 1, "currency": "usd"}"#,
+        )
+        .expect("post");
+    assert_eq!(other.status, 422, "{}: {other:?}", adapter.name);
+    clock.advance(hour - Duration::from_millis(1));
+    let again = hourly.post("/payments", Some("h"), BODY).expect("post");
+    assert_eq!(
+        (again.status, again.replayed()),
+        (201, true),
+        "{}",
+        adapter.name
+    );
+    clock.advance(Duration::from_millis(1));
+    let later = hourly.post("/payments", Some("h"), BODY).expect("post");
+    assert_eq!(
+        (later.status, later.replayed()),
+        (201, false),
+        "{}",
+        adapter.name
+    );
+    let kept = daily.post("/payments", Some("d"), BODY).expect("post");
+    assert_eq!(
+        (kept.status, kept.replayed()),
+        (201, true),
+        "{}",
+        adapter.name
+    );
+    assert_eq!(handler.runs(), 3, "{}", adapter.name);
+}
+
 /// Each case as a test of its own per framework.
 macro_rules! for_each_adapter {
     ($($case:ident),* $(,)?) => {
@@ -414,4 +494,5 @@ for_each_adapter!(
     a_client_whose_connection_resets_gets_the_one_answer_on_retry,
     storage_error_is_503,
     oversize_answer_is_substituted_and_never_rerun,
+    per_route_ttl_on_one_store,
 );

@@ -233,6 +233,53 @@ fn in_progress_record_lives_until_created_plus_retention<S: IdempotencyStore>(
     Ok(())
 }
 
+/// A lease kept for its own retention (`Lease::keep_for`, the HTTP layer's per-route TTL)
+/// completes a record that replays for that long from its completion, shorter or longer than
+/// the store's; other keys keep the store's; the key space stays one (a different request for
+/// the key is a mismatch whatever the TTL), and sweeps delete each record at its own expiry.
+fn a_lease_kept_for_its_own_retention_expires_by_it<S: IdempotencyStore>(
+    open: Factory<S>,
+) -> Result<()> {
+    let (store, clock) = open(&Settings::default())?;
+    let hour = Duration::from_secs(3600);
+    let (short, week, plain) = (Key::new("hour")?, Key::new("week")?, Key::new("plain")?);
+    let mut lease = acquire(&store, &short, fp("a"));
+    lease.keep_for(hour);
+    assert_eq!(lease.retention(), Some(hour));
+    store.complete(&lease, Response::new(201, "an hour"))?;
+    let mut lease = acquire(&store, &week, fp("a"));
+    lease.keep_for(7 * RETENTION);
+    store.complete(&lease, Response::new(201, "a week"))?;
+    let lease = acquire(&store, &plain, fp("a"));
+    assert_eq!(lease.retention(), None);
+    store.complete(&lease, Response::new(201, "the store's"))?;
+    let expiry = |key: &Key| -> Result<Option<Timestamp>> {
+        Ok(store.lookup(key)?.map(|view| view.expires_at))
+    };
+    assert_eq!(expiry(&short)?, Some(at(3_600_000)));
+    assert_eq!(expiry(&week)?, Some(at(7 * 86_400_000)));
+    assert_eq!(expiry(&plain)?, Some(at(86_400_000)));
+    assert!(matches!(
+        store.claim(&short, fp("b"))?,
+        Claim::Mismatch { .. }
+    ));
+    clock.advance(hour);
+    assert_eq!(store.lookup(&short)?, None, "expired after its own hour");
+    assert_eq!(store.sweep(10)?, 1);
+    assert!(matches!(store.claim(&week, fp("a"))?, Claim::Completed(_)));
+    clock.advance(RETENTION - hour);
+    assert_eq!(
+        store.sweep(10)?,
+        1,
+        "the store's retention for the plain key"
+    );
+    assert!(matches!(store.claim(&week, fp("a"))?, Claim::Completed(_)));
+    clock.advance(6 * RETENTION);
+    assert_eq!(store.lookup(&week)?, None);
+    assert_eq!(store.sweep(10)?, 1);
+    Ok(())
+}
+
 fn a_lease_longer_than_retention_keeps_the_record<S: IdempotencyStore>(
     open: Factory<S>,
 ) -> Result<()> {
@@ -961,6 +1008,7 @@ on_both_backends! {
     lapsed_lease_is_taken_over_with_attempt_and_checkpoint,
     expired_record_is_claimed_afresh_by_any_request,
     in_progress_record_lives_until_created_plus_retention,
+    a_lease_kept_for_its_own_retention_expires_by_it,
     a_lease_longer_than_retention_keeps_the_record,
     fencing_rejects_the_old_holder_and_changes_nothing,
     a_lapsed_lease_nobody_took_over_still_completes,
