@@ -10,7 +10,8 @@
 //! - a client that hangs up after the first event, and retries 3 s later, gets the whole
 //!   stream replayed, from one run;
 //! - a stream that fails after two events: the client gets those two and a cut connection;
-//!   the retry gets the stored 500 "response not stored", from one run.
+//!   the retry gets the stored 500 "response not stored", from one run;
+//! - a duplicate while the stream runs: 409 after its `wait`, the handler not run again.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -521,6 +522,22 @@ fn a_stream_that_fails_mid_way_is_cut_and_never_rerun(framework: Framework) {
     assert_eq!(runs.failing.load(Ordering::SeqCst), 1, "{framework:?}");
 }
 
+fn a_duplicate_while_the_stream_runs_gets_409_and_runs_nothing(framework: Framework) {
+    let runs = Arc::new(Runs::default());
+    let server = start(framework, Some(store()), &runs);
+    let addr = server.addr;
+    let first = std::thread::spawn(move || post(addr, "/events", Some("busy"), false));
+    std::thread::sleep(GAP + GAP / 2);
+    let duplicate = post(addr, "/events", Some("busy"), false);
+    assert_eq!(duplicate.status, 409, "{framework:?}: {duplicate:?}");
+    assert_eq!(duplicate.problem_type(), problem_type::IN_PROGRESS);
+    assert!(duplicate.header("retry-after").is_some(), "{framework:?}");
+    let first = first.join().expect("the first client");
+    assert!(first.whole, "{framework:?}: the first stream went on");
+    assert_eq!(first.body, all_events(1), "{framework:?}");
+    assert_eq!(runs.events.load(Ordering::SeqCst), 1, "{framework:?}");
+}
+
 /// Each case as a test of its own per framework.
 macro_rules! for_each_framework {
     ($($case:ident),* $(,)?) => {
@@ -538,4 +555,5 @@ for_each_framework!(
     a_large_answer_reaches_its_client_whole_and_the_retry_is_told_it_was_done,
     a_client_that_hangs_up_mid_stream_gets_the_whole_stream_on_retry,
     a_stream_that_fails_mid_way_is_cut_and_never_rerun,
+    a_duplicate_while_the_stream_runs_gets_409_and_runs_nothing,
 );
