@@ -77,12 +77,12 @@ pub(crate) fn too_large(options: &HandleOptions, max: usize) -> Answer {
 /// sent (see [`HandleOptions::echo_key`]) and the `Preference-Applied` of its wait.
 /// `key` is the request's `Idempotency-Key` header, if it has one (only that header is
 /// needed, so an adapter need not keep the request's whole header map).
-pub(crate) fn finish(
+pub(crate) fn finish<B>(
     options: &HandleOptions,
     key: Option<&HeaderValue>,
     applied: Option<HeaderValue>,
-    mut answer: Answer,
-) -> Answer {
+    mut answer: ::http::Response<B>,
+) -> ::http::Response<B> {
     let headers = answer.headers_mut();
     if options.echo_key
         && let Some(key) = key
@@ -540,6 +540,23 @@ pub(crate) fn substitute<S: IdempotencyStore + ?Sized>(
         return store_response(store, options, lease, substitute, extensions);
     }
     store_answer(store, options, lease, &Problem::not_stored(why), extensions)
+}
+
+/// The handler answered `status` and the layer streamed that answer to its client, but it was
+/// larger than the store keeps (`limit` bytes): stores [`Problem::completed_not_stored`]'s 410
+/// in its place (through the hook, as [`substitute`] does), so every retry replays that and
+/// the handler never runs again for the key. Blocks.
+#[cfg(any(feature = "tower", feature = "actix"))]
+pub(crate) fn not_kept<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    options: &HandleOptions,
+    lease: &Lease,
+    status: StatusCode,
+    limit: usize,
+    extensions: &::http::Extensions,
+) -> Answer {
+    let problem = Problem::completed_not_stored(status, limit);
+    store_answer(store, options, lease, &problem, extensions)
 }
 
 /// Stores `problem`, as the options render it, as the lease's final answer. Blocks.

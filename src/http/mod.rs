@@ -67,7 +67,8 @@
 //! | first request still in flight | 409 | `Retry-After` | [`decide`], [`Problem::in_progress`] |
 //! | store full ([`Error::QuotaExceeded`]) | 503 | `Retry-After` | [`Problem::from_error`] |
 //! | store unreachable ([`Error::Storage`]), or a layer (tower, actix) overloaded | 503 | `Retry-After: 1` | [`Problem::from_error`], [`Problem::unavailable`], [`Problem::overloaded`] |
-//! | handler's answer too large to store, or unreadable | 500, stored and replayed | | [`handle`], the layers (tower, actix) |
+//! | handler's answer too large to store ([`handle`]), or its body failing ([`handle`], the layers: tower, actix) | 500, stored and replayed | | [`handle`], the layers |
+//! | handler's answer streamed to its client whole, too large to store | 410, stored and replayed | | the layers (tower, actix) |
 //! | completed earlier | stored status | `Idempotent-Replayed: true` | [`decide`], [`replay`] |
 //!
 //! 400, 409 and 422 are the IETF draft's (`draft-ietf-httpapi-idempotency-key-header`);
@@ -134,9 +135,21 @@
 //! ## Response not stored
 //!
 //! 500 ([`problem_type::NOT_STORED`], code `response-not-stored`), stored under the key and
-//! replayed to every retry: the request was carried out, but its answer could not be stored (larger
-//! than the store's `max_response_bytes`, or its body failed while it was read). It is not carried
-//! out again for this key; the server's operator can tell its outcome.
+//! replayed to every retry: the request was carried out, but its answer could not be stored
+//! (larger than the store's `max_response_bytes` behind [`handle`], or its body failed while
+//! it was read or streamed). It is not carried out again for this key; the server's operator
+//! can tell its outcome. (The layers stream an answer too large to store to its client and
+//! store [Completed, not stored](#completed-not-stored) instead.)
+//!
+//! ## Completed, not stored
+//!
+//! 410 ([`problem_type::COMPLETED_NOT_STORED`], code `completed-not-stored`), stored under the
+//! key and replayed to every retry (the layers: tower, actix): the request was carried out
+//! and its answer was streamed to the client that made it, but the answer was larger than the
+//! store's `max_response_bytes`, so it cannot be replayed; the `detail` names the status the
+//! handler answered. Do not send the request again, under this key or a new one: it was done.
+//! Gone, not a 5xx, because a 5xx reads as "try again" and a retry under a new key would
+//! carry the request out a second time; nor 409 or 429, which retrying clients repeat.
 //!
 //! ## Outcome unknown
 //!
@@ -181,6 +194,8 @@ mod response;
 mod retry_after;
 #[cfg(any(feature = "tower", feature = "actix"))]
 mod runner;
+#[cfg(any(feature = "tower", feature = "actix"))]
+mod tee;
 #[cfg(test)]
 mod testing;
 #[cfg(feature = "tower")]

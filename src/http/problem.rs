@@ -54,9 +54,15 @@ pub mod problem_type {
     /// not run the request again ([`Takeover::AnswerUnknown`](crate::http::Takeover::AnswerUnknown)).
     pub const OUTCOME_UNKNOWN: &str =
         "https://docs.rs/idempotency-store/latest/idempotency_store/http/#outcome-unknown";
+    /// 410, stored and replayed: the request was carried out and its answer streamed to the
+    /// first client, but the answer was larger than the store keeps (the layers: tower,
+    /// actix). Not carried out again for the key; must not be sent again under a new key.
+    pub const COMPLETED_NOT_STORED: &str =
+        "https://docs.rs/idempotency-store/latest/idempotency_store/http/#completed-not-stored";
 
     #[cfg(test)]
-    pub(super) const ALL: [&str; 11] = [
+    pub(super) const ALL: [&str; 12] = [
+        COMPLETED_NOT_STORED,
         OUTCOME_UNKNOWN,
         UNAVAILABLE,
         NOT_STORED,
@@ -110,6 +116,8 @@ pub mod problem_code {
     pub const NOT_STORED: &str = "response-not-stored";
     /// 500, stored, [`problem_type::OUTCOME_UNKNOWN`](super::problem_type::OUTCOME_UNKNOWN).
     pub const OUTCOME_UNKNOWN: &str = "outcome-unknown";
+    /// 410, stored, [`problem_type::COMPLETED_NOT_STORED`](super::problem_type::COMPLETED_NOT_STORED).
+    pub const COMPLETED_NOT_STORED: &str = "completed-not-stored";
 
     /// Where every type URI of this crate's problems starts; the code is the rest.
     pub(super) const TYPE_PREFIX: &str =
@@ -124,7 +132,8 @@ pub mod problem_code {
     }
 
     #[cfg(test)]
-    pub(super) const ALL: [&str; 11] = [
+    pub(super) const ALL: [&str; 12] = [
+        COMPLETED_NOT_STORED,
         OUTCOME_UNKNOWN,
         UNAVAILABLE,
         NOT_STORED,
@@ -324,6 +333,28 @@ impl Problem {
                 "The request was carried out, but {why}, so it cannot be replayed. The request \
                  will not be carried out again for this key; ask the server's operator for its \
                  outcome."
+            ),
+        )
+    }
+
+    /// 410, stored in place of an answer the layers streamed to the first client but could
+    /// not keep: the handler answered `status`, with more than `limit` bytes. Not a 5xx, which
+    /// clients and people read as "try again" (often under a new key, which would carry the
+    /// request out twice), nor a 409 or 429, which retrying clients retry: the request is
+    /// done, and only its answer is gone.
+    #[cfg_attr(not(any(feature = "tower", feature = "actix")), allow(dead_code))]
+    pub(crate) fn completed_not_stored(status: StatusCode, limit: usize) -> Self {
+        Problem::new(
+            StatusCode::GONE,
+            problem_type::COMPLETED_NOT_STORED,
+            "Completed, answer not stored",
+            format!(
+                "The request with this Idempotency-Key was carried out (the server answered {}), \
+                 and its answer was sent to the client that made it, but it was larger than the \
+                 {limit} bytes this server stores, so it cannot be replayed. Do not send the \
+                 request again, under this key or a new one; ask the server's operator for its \
+                 outcome.",
+                status.as_u16()
             ),
         )
     }
@@ -535,6 +566,10 @@ mod tests {
             (Problem::internal(), problem_code::INTERNAL),
             (Problem::not_stored("why"), problem_code::NOT_STORED),
             (Problem::outcome_unknown(1), problem_code::OUTCOME_UNKNOWN),
+            (
+                Problem::completed_not_stored(::http::StatusCode::CREATED, 1),
+                problem_code::COMPLETED_NOT_STORED,
+            ),
             (
                 Problem::from_error(&Error::LeaseLost),
                 problem_code::IN_PROGRESS,

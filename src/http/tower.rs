@@ -41,11 +41,32 @@
 //!   Everything else about the answer is as for a claim.
 //! - The inner service's [`LeaseWatch`] is in the request's extensions; the heartbeat is a
 //!   task that sleeps on the runtime's timer and beats on the blocking pool.
-//! - The response body is read whole before it is stored. A body that fails to stream, like
-//!   one larger than the store's `max_response_bytes`, is replaced by a stored 500
-//!   ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that every retry
-//!   replays: the inner service ran, so it must not run again for the key. A warning goes
-//!   to `tracing` (feature `tracing`) and the error to [`on_error`](HandleOptions::on_error).
+//! - The answer is teed (the service's response body is [`LayerBody`]). An answer whose length
+//!   is known and fits in the store's `max_response_bytes` is read whole and stored before
+//!   the client gets it, as `handle` does. Any other (a stream, server-sent events, an answer
+//!   larger than the store keeps) goes to the client as the inner service produces it, from
+//!   its first frame on, while a copy is recorded on the side, at most `max_response_bytes`:
+//!   - the body ends within the limit: the copy is stored and every retry replays it byte
+//!     for byte;
+//!   - past the limit: the copy is dropped and the client's stream goes on; when the body
+//!     ends, the key is completed with a stored 410
+//!     ([`problem_type::COMPLETED_NOT_STORED`](super::problem_type::COMPLETED_NOT_STORED))
+//!     that every retry gets: done, do not repeat it under a new key;
+//!   - the body fails mid-stream: the client's connection is cut after the bytes sent (it
+//!     cannot take them for a whole answer), and the key is completed with the 500
+//!     ([`problem_type::NOT_STORED`](super::problem_type::NOT_STORED)) that a body failing
+//!     before its first byte gets as the client's answer too. The inner service ran and may
+//!     have done its work, so a release (a second run on the retry) could do it twice
+//!     unknowingly. A warning goes to `tracing` (feature `tracing`) and the error to
+//!     [`on_error`](HandleOptions::on_error).
+//!
+//!   The client sees the end of a teed body only once the key is settled (a body of known
+//!   length keeps its last byte back until then), so a client that retries at once gets the
+//!   replay. The body goes to the client through a channel of a few frames, so memory stays
+//!   bounded whatever the answer's size, and a slow client holds the inner body back as it
+//!   would without the layer. The settling call's own answer (say a store error's 503)
+//!   cannot reach a client that already has the head: it goes to
+//!   [`on_error`](HandleOptions::on_error). docs/http.md, "Answer shapes", has the table.
 //!
 //! # Waiting and overload
 //!
@@ -78,12 +99,13 @@
 //!
 //! # When the client goes away
 //!
-//! Once a request holds the key, the inner service's future and the settling call
-//! (complete, the stored substitute, or release) run on a task of their own; the response
-//! future only waits for it. A client that times out, a reset, or hyper closing the
-//! connection drops the response future and cancels nothing: the operation runs to its end,
-//! its answer is stored, and the client's retry gets it, at once if it comes later, or the
-//! moment it exists if the retry is waiting for it (see "Waiting and overload").
+//! Once a request holds the key, the inner service's future, its teed body and the settling
+//! call (complete, the stored substitute, or release) run on a task of their own; the
+//! response future and the client's body only wait for it. A client that times out, a
+//! reset, or hyper closing the connection (mid-stream too) drops them and cancels nothing:
+//! the operation and its body run to their end (the heartbeat keeps the lease), its answer
+//! is stored, and the client's retry gets it, at once if it comes later, or the moment it
+//! exists if the retry is waiting for it (see "Waiting and overload").
 //!
 //! An inner service that panics or returns an error leaves the key in progress, like a
 //! crashed process: no answer to store, and no proof that nothing happened. The heartbeat
@@ -107,8 +129,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ::http::{Request, Response};
-use bytes::Bytes;
-use http_body::Body;
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
@@ -121,6 +143,7 @@ use super::heartbeat::LeaseWatch;
 use super::options::{BoxError, HandleOptions};
 use super::prefer;
 use super::runner::{Claimed, Runner, unreadable};
+use super::tee;
 use super::view::RequestView;
 use super::{IDEMPOTENCY_KEY, Problem};
 use crate::api::outcome::Lease;
@@ -219,6 +242,10 @@ impl<S> std::fmt::Debug for IdempotencyService<S> {
 
 type Answer = Response<Vec<u8>>;
 
+/// What the task that holds the key sends the response future: the answer, or the inner
+/// service's error.
+type Reply<B, E> = oneshot::Sender<Result<Response<LayerBody<B>>, E>>;
+
 impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for IdempotencyService<S>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -227,13 +254,13 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<LayerBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -251,31 +278,27 @@ async fn serve<S, ReqBody, ResBody>(
     runner: Runner,
     mut inner: S,
     request: Request<ReqBody>,
-) -> Result<Response<ResBody>, S::Error>
+) -> Result<Response<LayerBody<ResBody>>, S::Error>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Body + From<Bytes> + Send + 'static,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
     ReqBody::Error: Into<BoxError>,
 {
     let options = Arc::clone(&runner.options);
     if let Screen::Pass = flow::screen(&options, request.method(), request.headers()) {
-        return inner.call(request).await;
+        let response = inner.call(request).await?;
+        return Ok(response.map(LayerBody::inner));
     }
     // Of the request's headers, the answer needs only the key (echoed), not a copy of all.
     let key = request.headers().get(IDEMPOTENCY_KEY).cloned();
     let wait = prefer::wait(&options, request.headers());
     let answer = covered(runner, inner, request, wait.bound).await?;
-    Ok(into_body(flow::finish(
-        &options,
-        key.as_ref(),
-        wait.applied,
-        answer,
-    )))
+    Ok(flow::finish(&options, key.as_ref(), wait.applied, answer))
 }
 
 /// A covered request's answer: from the claim, or from the run of the inner service on
@@ -285,13 +308,13 @@ async fn covered<S, ReqBody, ResBody>(
     inner: S,
     request: Request<ReqBody>,
     wait: Duration,
-) -> Result<Answer, S::Error>
+) -> Result<Response<LayerBody<ResBody>>, S::Error>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Body + From<Bytes> + Send + 'static,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
     ReqBody::Error: Into<BoxError>,
@@ -301,33 +324,37 @@ where
     let (parts, body) = request.into_parts();
     let body = match Limited::new(body, options.max_body).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(err) => return Ok(unreadable(options, &*err)),
+        Err(err) => return Ok(whole(unreadable(options, &*err))),
     };
     let request = Request::from_parts(parts, body);
     let ticket = match flow::ticket(options, &RequestView::of(&request)) {
         Ok(ticket) => ticket,
-        Err(answer) => return Ok(*answer),
+        Err(answer) => return Ok(whole(*answer)),
     };
     // A replay the store keeps in memory needs no trip to the blocking pool.
     if let Some(answer) = flow::cached_replay(&*runner.store, options, &ticket) {
-        return Ok(answer);
+        return Ok(whole(answer));
     }
     // The claim, the run and the settle go on whatever becomes of this future: a client that
     // hangs up cancels nothing (not even a claim that was about to acquire the key), and its
-    // retry gets the stored answer.
+    // retry gets the stored answer. The task replies as soon as the client can have the
+    // answer's head, and goes on driving a streamed body to its end.
     let (task, this_task) = oneshot::channel();
+    let (reply, replied) = oneshot::channel();
     let run = tokio::spawn(claim_and_hold(
-        runner, inner, request, ticket, wait, this_task,
+        runner, inner, request, ticket, wait, this_task, reply,
     ));
     let _ = task.send(run.abort_handle());
-    match run.await {
+    match replied.await {
         Ok(answer) => answer,
         // The inner service panicked, or a drain stopped it and settled the key.
-        Err(err) => {
-            if err.is_panic() {
+        Err(_) => {
+            if let Err(err) = run.await
+                && err.is_panic()
+            {
                 options.report(&err);
             }
-            Ok(options.answer(&Problem::internal()))
+            Ok(whole(options.answer(&Problem::internal())))
         }
     }
 }
@@ -341,16 +368,19 @@ async fn claim_and_hold<S, ReqBody, ResBody>(
     ticket: Ticket,
     wait: Duration,
     this_task: oneshot::Receiver<AbortHandle>,
-) -> Result<Answer, S::Error>
-where
+    reply: Reply<ResBody, S::Error>,
+) where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: From<Bytes>,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let (ticket, lease, period) = match runner.claim(ticket, wait).await {
         Claimed::Run(ticket, lease, period) => (ticket, lease, period),
-        Claimed::Answer(answer) => return Ok(answer),
+        Claimed::Answer(answer) => {
+            let _ = reply.send(Ok(whole(answer)));
+            return;
+        }
     };
     // Until the holder lets go (after the settling call, or when a drain stops it),
     // duplicates wait for it on the timer.
@@ -358,38 +388,81 @@ where
     if let Ok(task) = this_task.await {
         runner.admission.running(lease.key(), lease.token(), task);
     }
-    hold(runner, inner, request, ticket, lease, period, holding).await
+    let held = Held {
+        ticket,
+        lease,
+        period,
+        _holding: holding,
+    };
+    hold(runner, inner, request, held, reply).await;
 }
 
-/// Runs the inner service with the lease, heartbeating, and stores or releases its
-/// answer.
-async fn hold<S, ReqBody, ResBody>(
-    runner: Runner,
-    mut inner: S,
-    request: Request<Bytes>,
+/// The key a request holds: its ticket and lease, the heartbeat period, and its hold in the
+/// admission.
+struct Held {
     ticket: Ticket,
     lease: Lease,
     period: Option<Duration>,
     _holding: Holding,
-) -> Result<Answer, S::Error>
-where
+}
+
+/// Runs the inner service with the lease, heartbeating, and stores or releases its
+/// answer: an answer of known length that fits in the store is read whole and settled
+/// before the client gets it; any other is teed (see the module docs).
+async fn hold<S, ReqBody, ResBody>(
+    runner: Runner,
+    mut inner: S,
+    request: Request<Bytes>,
+    held: Held,
+    reply: Reply<ResBody, S::Error>,
+) where
     S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: From<Bytes>,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let Held {
+        ticket,
+        lease,
+        period,
+        _holding,
+    } = held;
     let watch = LeaseWatch::new(&lease);
     let mut request = request.map(ReqBody::from);
     request.extensions_mut().insert(watch.clone());
-    // Dropped after the handler (or with this task): the heartbeat task then stops.
+    // Dropped after the handler's body and the settling call (or with this task): the
+    // heartbeat task then stops.
     let _beating = period.map(|period| runner.beat(lease.twin(), period, watch));
     let started = Instant::now();
-    let response = inner.call(request).await?;
+    let response = match inner.call(request).await {
+        Ok(response) => response,
+        Err(err) => {
+            let _ = reply.send(Err(err));
+            return;
+        }
+    };
     let (parts, body) = response.into_parts();
-    let collected = body.collect().await.map(|c| c.to_bytes()).map_err(|err| {
-        let err: BoxError = err.into();
-        runner.options.report(&*err);
-    });
+    let limit = runner.store.settings().max_response_bytes();
+    let exact = body.size_hint().exact();
+    let collected = if tee::Recording::new(limit, &parts.headers).fits(exact) {
+        body.collect().await.map(|c| c.to_bytes()).map_err(|err| {
+            let err: BoxError = err.into();
+            runner.options.report(&*err);
+        })
+    } else {
+        match tee::start(Frames(Box::pin(body)), &runner.options).await {
+            tee::Start::Teed(teeing) => {
+                let (inlet, outlet) = tee::channel(exact);
+                let head = Response::from_parts(parts.clone(), LayerBody::teed(outlet));
+                // A client that is gone already still gets its answer stored.
+                let _ = reply.send(Ok(head));
+                tee::run(&runner, &ticket, lease, parts, teeing, inlet, started).await;
+                return;
+            }
+            tee::Start::Empty => Ok(Bytes::new()),
+            tee::Start::Failed => Err(()),
+        }
+    };
     let answer = match collected {
         Ok(body) => {
             let response = Response::from_parts(parts, Vec::from(body));
@@ -405,9 +478,135 @@ where
                 .await
         }
     };
-    Ok(answer.unwrap_or_else(|| runner.options.answer(&Problem::internal())))
+    let answer = answer.unwrap_or_else(|| runner.options.answer(&Problem::internal()));
+    let _ = reply.send(Ok(whole(answer)));
 }
 
-fn into_body<B: From<Bytes>>(answer: Answer) -> Response<B> {
-    answer.map(|body| B::from(Bytes::from(body)))
+/// The inner service's body as the tee reads it.
+struct Frames<B>(Pin<Box<B>>);
+
+impl<B> tee::Source for Frames<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Error = BoxedError;
+
+    fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<tee::Piece, BoxedError>>> {
+        let frame = std::task::ready!(self.0.as_mut().poll_frame(cx));
+        Poll::Ready(frame.map(|frame| match frame {
+            Ok(frame) => Ok(match frame.into_data() {
+                Ok(mut data) => tee::Piece::Data(data.copy_to_bytes(data.remaining())),
+                Err(frame) => tee::Piece::Trailers(frame.into_trailers().unwrap_or_default()),
+            }),
+            Err(err) => Err(BoxedError(err.into())),
+        }))
+    }
+}
+
+/// A body's error as a `std` error (a `BoxError` is not one).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct BoxedError(BoxError);
+
+/// The body of the layer's answers: the inner service's own for a request the layer does
+/// not cover; an answer of the layer's (a replay, a problem) or one read whole; or the inner
+/// service's answer teed, as it is produced, with the copy stored on the side. A teed body
+/// that is cut before its end (the inner service's body failed, or a drain stopped it) ends
+/// with an error, so that the server cuts the connection rather than end the answer as if
+/// it were whole.
+pub struct LayerBody<B> {
+    kind: Kind<B>,
+}
+
+enum Kind<B> {
+    Inner(Pin<Box<B>>),
+    Whole(Option<Bytes>),
+    Teed(tee::Outlet),
+}
+
+impl<B> std::fmt::Debug for LayerBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            Kind::Inner(_) => "inner",
+            Kind::Whole(_) => "whole",
+            Kind::Teed(_) => "teed",
+        };
+        f.debug_struct("LayerBody")
+            .field("kind", &kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> LayerBody<B> {
+    fn inner(body: B) -> Self {
+        LayerBody {
+            kind: Kind::Inner(Box::pin(body)),
+        }
+    }
+
+    fn teed(outlet: tee::Outlet) -> Self {
+        LayerBody {
+            kind: Kind::Teed(outlet),
+        }
+    }
+}
+
+impl<B> Body for LayerBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            Kind::Inner(body) => body.as_mut().poll_frame(cx).map(|frame| {
+                frame.map(|frame| match frame {
+                    Ok(frame) => {
+                        Ok(frame.map_data(|mut data| data.copy_to_bytes(data.remaining())))
+                    }
+                    Err(err) => Err(err.into()),
+                })
+            }),
+            Kind::Whole(body) => Poll::Ready(body.take().map(|body| Ok(Frame::data(body)))),
+            Kind::Teed(outlet) => outlet.poll_piece(cx).map(|piece| {
+                piece.map(|piece| match piece {
+                    Ok(tee::Piece::Data(data)) => Ok(Frame::data(data)),
+                    Ok(tee::Piece::Trailers(trailers)) => Ok(Frame::trailers(trailers)),
+                    Ok(tee::Piece::End) => Ok(Frame::data(Bytes::new())),
+                    Err(cut) => Err(cut.into()),
+                })
+            }),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner(body) => body.is_end_stream(),
+            Kind::Whole(body) => body.is_none(),
+            Kind::Teed(outlet) => outlet.is_done(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner(body) => body.size_hint(),
+            Kind::Whole(body) => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Teed(outlet) => outlet
+                .exact()
+                .map_or_else(SizeHint::default, SizeHint::with_exact),
+        }
+    }
+}
+
+/// One of the layer's own answers (or one read whole) as the layer's body.
+fn whole<B>(answer: Answer) -> Response<LayerBody<B>> {
+    answer.map(|body| LayerBody {
+        kind: Kind::Whole((!body.is_empty()).then(|| Bytes::from(body))),
+    })
 }

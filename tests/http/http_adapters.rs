@@ -13,8 +13,9 @@
 //! - a client that gives up at 1 s on a 2.5 s handler: the handler runs once to its end, and
 //!   the client's retry gets the stored answer within 0.5 s of the handler finishing;
 //! - a store that cannot be reached: 503 with `Retry-After`, the handler never runs;
-//! - an answer larger than the store keeps: the stored 500 substitute, replayed after the
-//!   lease would have lapsed, the handler run once;
+//! - an answer larger than the store keeps: its client gets it whole with the handler's own
+//!   status; every retry, also after the lease would have lapsed, gets the stored 410
+//!   "completed, not stored"; the handler ran once;
 //! - two routes with their own TTL over one store: each answer replays for its route's time.
 
 #[path = "../adapters/mod.rs"]
@@ -363,7 +364,7 @@ fn storage_error_is_503(adapter: &Adapter) {
 const LIMIT: usize = 1024;
 const LEASE: Duration = Duration::from_secs(5);
 
-fn oversize_answer_is_substituted_and_never_rerun(adapter: &Adapter) {
+fn oversize_answer_reaches_its_client_and_is_never_rerun(adapter: &Adapter) {
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
     let store = Store::builder()
         .clock(clock.clone())
@@ -375,18 +376,22 @@ fn oversize_answer_is_substituted_and_never_rerun(adapter: &Adapter) {
     let server = start(adapter, store, HandleOptions::new(), &handler);
     let http = Client::new(server.addr);
     let first = http.post("/payments", Some("big"), BODY).expect("post");
-    assert_eq!(first.status, 500, "{}: {first:?}", adapter.name);
-    assert_eq!(problem_type_of(&first), problem_type::NOT_STORED);
+    assert_eq!(first.status, 201, "{}: {first:?}", adapter.name);
+    assert_eq!(first.body, "x".repeat(LIMIT + 1), "{}", adapter.name);
+    assert!(!first.replayed(), "{}", adapter.name);
+    let mut stored = None;
     for _ in 0..3 {
         clock.advance(LEASE * 2);
         let again = http.post("/payments", Some("big"), BODY).expect("post");
         assert_eq!(
             (again.status, again.replayed()),
-            (500, true),
+            (410, true),
             "{}: {again:?}",
             adapter.name
         );
-        assert_eq!(again.body, first.body, "{}", adapter.name);
+        assert_eq!(problem_type_of(&again), problem_type::COMPLETED_NOT_STORED);
+        let stored = stored.get_or_insert_with(|| again.body.clone());
+        assert_eq!(&again.body, stored, "{}", adapter.name);
     }
     assert_eq!(handler.runs(), 1, "{}", adapter.name);
 }
@@ -493,6 +498,6 @@ for_each_adapter!(
     a_client_that_times_out_gets_the_one_answer_on_retry,
     a_client_whose_connection_resets_gets_the_one_answer_on_retry,
     storage_error_is_503,
-    oversize_answer_is_substituted_and_never_rerun,
+    oversize_answer_reaches_its_client_and_is_never_rerun,
     per_route_ttl_on_one_store,
 );

@@ -4,8 +4,10 @@
 //! - hundreds of duplicates waiting (`wait`) on one key, on a runtime with 4 blocking threads,
 //!   while the holder runs for many heartbeat periods: the waiters must not starve the
 //!   holder's heartbeat (its lease would lapse and a waiter would run the handler again);
-//! - an answer larger than the store keeps, or one whose body fails: a 500 substitute is
-//!   stored and replayed, and the handler is not run again after the lease;
+//! - an answer larger than the store keeps: the tower layer streams it to its client and
+//!   stores a 410 "completed, not stored" that retries get (the sync `handle`, which gives
+//!   the client only what it stored, a 500 substitute); one whose body fails: a 500
+//!   substitute is stored and replayed; the handler is not run again after the lease;
 //! - overload: a claim that finds no slot in time is answered 503 without touching the key.
 
 use std::sync::Arc;
@@ -197,8 +199,9 @@ fn assert_substitute(status: StatusCode, body: &[u8]) {
     assert!(text.contains(problem_type::NOT_STORED), "{text}");
 }
 
-/// An answer larger than `max_response_bytes`: the client gets the stored 500 substitute,
-/// every retry (also after the lease would have lapsed) replays it, the handler ran once.
+/// An answer larger than `max_response_bytes`: the client gets it whole with the handler's
+/// own status, every retry (also after the lease would have lapsed) gets the stored 410
+/// "completed, not stored", the handler ran once.
 #[test]
 fn an_oversize_answer_is_replaced_and_never_rerun_by_the_layer() {
     let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
@@ -216,13 +219,17 @@ fn an_oversize_answer_is_replaced_and_never_rerun_by_the_layer() {
         ));
     runtime(4).block_on(async move {
         let (status, body, replayed) = answer(router.clone(), request("big")).await;
-        assert_substitute(status, &body);
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(body, vec![b'x'; LIMIT + 1]);
         assert!(!replayed);
+        let mut stored = None;
         for _ in 0..3 {
             clock.advance(LEASE * 2);
             let (status, again, replayed) = answer(router.clone(), request("big")).await;
-            assert_substitute(status, &again);
-            assert_eq!(again, body);
+            assert_eq!(status, StatusCode::GONE);
+            let text = String::from_utf8_lossy(&again);
+            assert!(text.contains(problem_type::COMPLETED_NOT_STORED), "{text}");
+            assert_eq!(&again, stored.get_or_insert_with(|| again.clone()));
             assert!(replayed);
         }
     });

@@ -19,4 +19,5 @@ mod payments_e2e;
 mod problem_answers;
 mod problem_types;
 mod real_sdk;
+mod streamed;
 mod sync_server;

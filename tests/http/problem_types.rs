@@ -18,7 +18,7 @@ use idempotency_store::http::{problem_code, problem_type};
 const PREFIX: &str = "https://docs.rs/idempotency-store/latest/idempotency_store/http/#";
 
 /// Every constant of `problem_type`, by name.
-const CONSTANTS: [(&str, &str); 11] = [
+const CONSTANTS: [(&str, &str); 12] = [
     ("MISSING_KEY", problem_type::MISSING_KEY),
     ("INVALID_KEY", problem_type::INVALID_KEY),
     ("KEY_REUSED", problem_type::KEY_REUSED),
@@ -30,10 +30,11 @@ const CONSTANTS: [(&str, &str); 11] = [
     ("UNAVAILABLE", problem_type::UNAVAILABLE),
     ("NOT_STORED", problem_type::NOT_STORED),
     ("OUTCOME_UNKNOWN", problem_type::OUTCOME_UNKNOWN),
+    ("COMPLETED_NOT_STORED", problem_type::COMPLETED_NOT_STORED),
 ];
 
 /// Every constant of `problem_code`, by the name of its type in `problem_type`.
-const CODES: [(&str, &str); 11] = [
+const CODES: [(&str, &str); 12] = [
     ("MISSING_KEY", problem_code::MISSING_KEY),
     ("INVALID_KEY", problem_code::INVALID_KEY),
     ("KEY_REUSED", problem_code::KEY_REUSED),
@@ -45,6 +46,7 @@ const CODES: [(&str, &str); 11] = [
     ("UNAVAILABLE", problem_code::UNAVAILABLE),
     ("NOT_STORED", problem_code::NOT_STORED),
     ("OUTCOME_UNKNOWN", problem_code::OUTCOME_UNKNOWN),
+    ("COMPLETED_NOT_STORED", problem_code::COMPLETED_NOT_STORED),
 ];
 
 // A type added to `CONSTANTS` needs its code here too.

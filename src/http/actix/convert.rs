@@ -36,9 +36,9 @@ pub(super) fn headers(from: &actix_header::HeaderMap) -> ::http::HeaderMap {
 /// response for the settling call.
 pub(super) struct Carried(pub(super) ::http::Extensions);
 
-/// The handler's response, with its whole body, in `http` 1: with the extensions it carries
+/// The handler's response head, with `body`, in `http` 1: with the extensions it carries
 /// (see [`super::respond`]), and a [`NotFinal`] inserted into actix's own extensions.
-pub(super) fn answer(head: &mut HttpResponse<()>, body: Vec<u8>) -> ::http::Response<Vec<u8>> {
+pub(super) fn answer<T>(head: &mut HttpResponse<()>, body: T) -> ::http::Response<T> {
     let mut answer = ::http::Response::new(body);
     *answer.status_mut() = ::http::StatusCode::from_u16(head.status().as_u16()).unwrap_or_default();
     *answer.headers_mut() = headers(head.headers());

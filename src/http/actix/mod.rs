@@ -47,8 +47,12 @@
 //! for the attempt in flight on the runtime's timer, at most [`wait`](HandleOptions::wait);
 //! claims go through [`max_blocking`](Idempotency::max_blocking) slots, and a request that
 //! finds none within [`queue_timeout`](Idempotency::queue_timeout) gets 503; storage errors
-//! are 503; an answer larger than the store keeps is replaced by a stored 500
-//! ([`problem_type::NOT_STORED`]) that every retry replays.
+//! are 503. The answer is teed as the tower layer's is: one of known length that fits in the
+//! store is read whole and stored first; any other goes to the client as it is produced while
+//! a bounded copy is recorded, stored if the body ends within `max_response_bytes`, else
+//! replaced by a stored 410 ([`problem_type::COMPLETED_NOT_STORED`]) that every retry gets; a
+//! body that fails mid-stream cuts the client's connection and stores the 500
+//! ([`problem_type::NOT_STORED`]). docs/http.md, "Answer shapes", has the table.
 //!
 //! The handler finds its [`LeaseWatch`] in the request's extensions
 //! (`web::ReqData<LeaseWatch>`), and marks an answer that should release the key by
@@ -61,8 +65,8 @@
 //!
 //! # When the client goes away
 //!
-//! Once the request's body is read, its claim, the handler and the settling call (complete,
-//! substitute or release) run on a task of their own on the worker
+//! Once the request's body is read, its claim, the handler, its teed body and the settling
+//! call (complete, substitute or release) run on a task of their own on the worker
 //! ([`actix_web::rt::spawn`]); the response future only waits for that task. A client that
 //! hangs up or times out cancels nothing: the handler runs to its end, its answer is stored,
 //! and the client's retry gets the replay (or waits for it, or 409 while it runs). The task
@@ -110,10 +114,11 @@ use std::future::{Future, Ready, ready};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ::http::StatusCode;
-use actix_web::body::{BoxBody, MessageBody};
+use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, Transform};
 use actix_web::{HttpMessage, HttpResponse, ResponseError, web};
 use tokio::sync::oneshot;
@@ -128,6 +133,7 @@ use super::options::HandleOptions;
 use super::options::NotFinal;
 use super::prefer;
 use super::runner::{Claimed, Runner};
+use super::tee;
 use super::view::RequestView;
 use super::{Problem, problem_type};
 use crate::api::outcome::Lease;
@@ -250,7 +256,11 @@ struct Finish {
 }
 
 impl Finish {
-    fn apply(&self, options: &HandleOptions, answer: Answer) -> Answer {
+    fn apply<T>(
+        &self,
+        options: &HandleOptions,
+        answer: ::http::Response<T>,
+    ) -> ::http::Response<T> {
         flow::finish(options, self.key.as_ref(), self.applied.clone(), answer)
     }
 }
@@ -317,7 +327,7 @@ where
             period,
             _holding: holding,
         };
-        let _ = done.send(run(&*service, &runner, request, ticket, held, &finish).await);
+        run(&*service, &runner, request, ticket, held, &finish, done).await;
     });
     admission.running(&key, token, task.abort_handle());
     match answered.await {
@@ -334,7 +344,10 @@ struct Held {
     _holding: Holding,
 }
 
-/// The handler under the lease, heartbeating, then its answer stored (or the key released).
+/// The handler under the lease, heartbeating, then its answer stored (or the key released)
+/// and sent through `done`: an answer of known length that fits in the store is read whole
+/// and settled first; any other is teed, its head sent at once and its body as it comes
+/// (the tower layer's docs say more).
 async fn run<S, B>(
     service: &S,
     runner: &Runner,
@@ -342,8 +355,8 @@ async fn run<S, B>(
     ticket: Ticket,
     held: Held,
     finish: &Finish,
-) -> Served
-where
+    done: oneshot::Sender<Served>,
+) where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
     B: MessageBody + 'static,
 {
@@ -354,7 +367,7 @@ where
     } = held;
     let watch = LeaseWatch::new(&lease);
     request.extensions_mut().insert(watch.clone());
-    // Dropped after the handler and the settling call: the heartbeat task then stops.
+    // Dropped after the handler's body and the settling call: the heartbeat task then stops.
     let _beating = period.map(|period| runner.beat(lease.twin(), period, watch));
     let started = Instant::now();
     let (request, response) = match service.call(request).await {
@@ -365,14 +378,44 @@ where
         Err(err) => (None, err.error_response()),
     };
     let (mut head, body) = response.into_parts();
-    let settled = match actix_web::body::to_bytes(body).await {
+    let exact = match body.size() {
+        BodySize::None => Some(0),
+        BodySize::Sized(len) => Some(len),
+        BodySize::Stream => None,
+    };
+    let limit = runner.store.settings().max_response_bytes();
+    let fits = tee::Recording::new(limit, &convert::headers(head.headers())).fits(exact);
+    // An inner service's error is answered whole: actix renders it from a whole answer.
+    let collected = match &request {
+        Some(request) if !fits => match tee::start(Frames(body), &runner.options).await {
+            tee::Start::Teed(teeing) => {
+                let (parts, ()) = convert::answer(&mut head, ()).into_parts();
+                let (inlet, outlet) = tee::channel(exact);
+                let mut client = ::http::Response::new(());
+                *client.status_mut() = parts.status;
+                *client.headers_mut() = parts.headers.clone();
+                let client = finish.apply(&runner.options, client);
+                let client = convert::response_with(client.map(|()| BoxBody::new(Teed(outlet))));
+                // A client that is gone already still gets its answer stored.
+                let _ = done.send(Ok(ServiceResponse::new(request.clone(), client)));
+                tee::run(runner, &ticket, lease, parts, teeing, inlet, started).await;
+                return;
+            }
+            tee::Start::Empty => Ok(Vec::new()),
+            tee::Start::Failed => Err(()),
+        },
+        _ => actix_web::body::to_bytes(body)
+            .await
+            .map(Vec::from)
+            .map_err(|err| runner.options.report(&*err)),
+    };
+    let settled = match collected {
         Ok(body) => {
-            let response = convert::answer(&mut head, Vec::from(body));
+            let response = convert::answer(&mut head, body);
             runner.settle(&ticket, lease, response, started).await
         }
         // The handler ran: its answer is lost, so a substitute keeps it from running again.
-        Err(err) => {
-            runner.options.report(&*err);
+        Err(()) => {
             runner
                 .blocking(move |store, options| {
                     let why = "its response body failed while it was read";
@@ -384,9 +427,54 @@ where
     let options = &*runner.options;
     let settled = settled.unwrap_or_else(|| options.answer(&Problem::internal()));
     let settled = finish.apply(options, settled);
-    match request {
+    let _ = done.send(match request {
         Some(request) => Ok(ServiceResponse::new(request, convert::response(settled))),
         None => Err(Answered(settled).into()),
+    });
+}
+
+/// The handler's body as the tee reads it.
+struct Frames(BoxBody);
+
+impl tee::Source for Frames {
+    type Error = BodyError;
+
+    fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<tee::Piece, BodyError>>> {
+        let chunk = std::task::ready!(Pin::new(&mut self.0).poll_next(cx));
+        Poll::Ready(chunk.map(|chunk| chunk.map(tee::Piece::Data).map_err(BodyError)))
+    }
+}
+
+/// The handler's body failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BodyError(Box<dyn std::error::Error>);
+
+/// The client's end of a teed answer: the handler's body as it comes, cut (an error, so
+/// that actix closes the connection) if it fails before its end.
+struct Teed(tee::Outlet);
+
+impl MessageBody for Teed {
+    type Error = tee::Cut;
+
+    fn size(&self) -> BodySize {
+        self.0.exact().map_or(BodySize::Stream, BodySize::Sized)
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<actix_web::web::Bytes, tee::Cut>>> {
+        let outlet = &mut self.get_mut().0;
+        loop {
+            return Poll::Ready(match std::task::ready!(outlet.poll_piece(cx)) {
+                Some(Ok(tee::Piece::Data(data))) => Some(Ok(data)),
+                // actix sends no trailers.
+                Some(Ok(tee::Piece::Trailers(_) | tee::Piece::End)) => continue,
+                Some(Err(cut)) => Some(Err(cut)),
+                None => None,
+            });
+        }
     }
 }
 
