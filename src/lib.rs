@@ -189,7 +189,7 @@ pub use crate::store::sweep::Sweeper;
 pub mod admin {
     pub use crate::api::outcome::ForceRelease;
     pub use crate::api::records::Records;
-    pub use crate::api::report::{Stats, StoredRecord, VerifyReport};
+    pub use crate::api::report::{FailoverStatus, Stats, StoredRecord, VerifyReport};
 }
 
 /// What a backend implements ([`backend::Backend`]): each store operation once, uncounted;
@@ -215,6 +215,7 @@ pub mod metrics {
     pub use crate::api::metrics::{
         ClaimCounts, EngineMetrics, ErrorCounts, LATENCY_BUCKETS_US, Latency, Metrics,
     };
+    pub use crate::api::report::FailoverStatus;
 }
 
 /// The redb this crate stores in, for the caller's own tables ([`Store::complete_with_effects`],

@@ -12,7 +12,7 @@ use crate::api::metrics::{EngineMetrics, Meter};
 use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
 use crate::api::records::Records;
-use crate::api::report::{Stats, VerifyReport};
+use crate::api::report::{FailoverStatus, Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
 use crate::error::Result;
@@ -139,6 +139,12 @@ pub trait Backend: Send + Sync {
 
     /// The backend's own engine figures for [`IdempotencyStore::metrics`](crate::IdempotencyStore::metrics), if it has any.
     fn engine_metrics(&self) -> Option<EngineMetrics>;
+
+    /// The last failover-safety check, for [`IdempotencyStore::metrics`](crate::IdempotencyStore::metrics):
+    /// `None` (the default) for a backend that has no failover.
+    fn failover_status(&self) -> Option<FailoverStatus> {
+        None
+    }
 }
 
 /// What one [`Backend::sweep`] did.
@@ -220,6 +226,7 @@ macro_rules! forward {
             fn records(&self) -> Result<Records<'_>> { (**self).records() }
             fn force_release(&self, key: &Key) -> Result<ForceRelease> { (**self).force_release(key) }
             fn engine_metrics(&self) -> Option<EngineMetrics> { (**self).engine_metrics() }
+            fn failover_status(&self) -> Option<FailoverStatus> { (**self).failover_status() }
         }
     )*};
 }

@@ -57,6 +57,9 @@ pub struct Metrics {
     pub complete_latency: Latency,
     /// The redb store's engine: batches, log, merges, overlay, sweeper. `None` on PostgreSQL.
     pub engine: Option<EngineMetrics>,
+    /// PostgreSQL: whether acknowledged commits survive a failover of the server, as last
+    /// checked (no I/O here). `None` on the redb store.
+    pub failover: Option<crate::api::report::FailoverStatus>,
 }
 
 /// Claims by outcome.
@@ -415,6 +418,7 @@ impl Meter {
             claim_latency: Buckets::sum(self.stripes.iter().map(|c| &c.claim_latency)),
             complete_latency: Buckets::sum(self.stripes.iter().map(|c| &c.complete_latency)),
             engine: None,
+            failover: None,
         }
     }
 }

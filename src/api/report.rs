@@ -38,6 +38,34 @@ pub struct Stats {
     pub expired: u64,
     /// Size of the store file in bytes (`None` in memory).
     pub file_bytes: Option<u64>,
+    /// Whether what the store acknowledges survives a failover of its database server,
+    /// checked by this call (PostgreSQL); `None` on the redb store, which has no failover.
+    pub failover: Option<FailoverStatus>,
+}
+
+/// Whether the commits a store acknowledges survive a failover of its database server, as
+/// its last check found: in [`Stats::failover`] (checked by that call) and in
+/// [`Metrics::failover`](crate::api::metrics::Metrics::failover) (the last check, no I/O).
+/// A `PgStore` checks when it connects, on each new pooled connection's first use (so after
+/// every reconnect, and after a failover on the new primary), and then at most once per
+/// [`failover_check_period`](crate::pg::PgStoreBuilder::failover_check_period) on a call's
+/// own connection. So a primary running without a synchronous standby (Patroni's promotion
+/// window with `synchronous_mode_strict` off) shows here while it lasts, and safe again once
+/// it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailoverStatus {
+    /// The last check found commits waiting for a synchronous standby.
+    pub safe: bool,
+    /// The last check's one-line report, starting with `failover-safe` or `not failover-safe`
+    /// and naming the settings it read.
+    pub detail: String,
+    /// When the last check ran (this machine's clock).
+    pub checked_at: std::time::SystemTime,
+    /// Checks since the store connected, the one at connect included.
+    pub checks: u64,
+    /// Of those, the ones that found the server not failover-safe.
+    pub unsafe_checks: u64,
 }
 
 /// One record with its key, as [`IdempotencyStore::records`](crate::IdempotencyStore::records)

@@ -517,6 +517,7 @@ impl<B: Backend + ?Sized> IdempotencyStore for B {
     fn metrics(&self) -> Metrics {
         Metrics {
             engine: self.engine_metrics(),
+            failover: self.failover_status(),
             ..self.meter().snapshot()
         }
     }

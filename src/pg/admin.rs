@@ -132,7 +132,7 @@ impl PgStore {
         // record completed.
         for _ in 0..FORCE_RELEASE_ROUNDS {
             let now = self.now_param();
-            let deleted = self.with_conn(|client, _| {
+            let deleted = self.with_write_conn(|client, _| {
                 sql.query_opt(client, &[&now, &scope, &name])
                     .map_err(|e| pg("releasing a key", e))
             })?;

@@ -13,7 +13,9 @@ use super::migrations::{check, migrate};
 use super::replication::FailoverSafety;
 use super::rows::{capped, pg};
 use super::sql::Sql;
-use super::{MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sync_wait, tls};
+use super::{
+    MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sync_wait, tls, watch,
+};
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Meter;
 use crate::api::series;
@@ -37,6 +39,7 @@ pub struct PgStoreBuilder {
     pub(super) per_scope_quotas: bool,
     pub(super) migrate: bool,
     pub(super) require_failover_safe: bool,
+    pub(super) failover_check_period: Duration,
     pub(super) prepare_statements: bool,
 }
 
@@ -51,6 +54,7 @@ impl Default for PgStoreBuilder {
             per_scope_quotas: false,
             migrate: true,
             require_failover_safe: false,
+            failover_check_period: watch::DEFAULT_PERIOD,
             prepare_statements: true,
         }
     }
@@ -67,6 +71,7 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("per_scope_quotas", &self.per_scope_quotas)
             .field("migrate", &self.migrate)
             .field("require_failover_safe", &self.require_failover_safe)
+            .field("failover_check_period", &self.failover_check_period)
             .field("prepare_statements", &self.prepare_statements)
             .finish()
     }
@@ -148,9 +153,30 @@ impl PgStoreBuilder {
     /// a failover can lose (no synchronous standby named: see [`FailoverSafety`]), with
     /// [`Error::InvalidConfig`] naming the settings. Off, such a server is served and
     /// `connect` logs a `tracing` warning (feature `tracing`) saying "not failover-safe".
+    ///
+    /// On, it also holds while the store runs: from a check (see
+    /// [`failover_check_period`](PgStoreBuilder::failover_check_period)) that finds the server
+    /// not failover-safe until one finds it safe again, every write (claim, complete, release,
+    /// heartbeat, checkpoint, sweep, `complete_with`, `force_release`) fails with a
+    /// not-applied [`Error::Storage`] (`outcome_unknown()` false: nothing was sent) naming
+    /// the reason, and reads (`get`, `stats`, `verify`, the walk, `read_with`) are served.
+    /// That is Patroni's promotion window with `synchronous_mode_strict` off: a few seconds in
+    /// which a claim acknowledged by the new primary would not survive its failover.
     /// Defaults to false.
     pub fn require_failover_safe(&mut self, require: bool) -> &mut Self {
         self.require_failover_safe = require;
+        self
+    }
+
+    /// How often a busy store reads its server's failover safety again ([`FailoverSafety`]):
+    /// at most once per period, on the connection of the call that finds it due (one more
+    /// round trip for that call; no thread of its own, so an idle store does not check), in
+    /// addition to the check on every new pooled connection's first use (after a reconnect or
+    /// a failover). Its findings are in `stats()` and `metrics()`
+    /// ([`FailoverStatus`](crate::admin::FailoverStatus)). Zero: new connections only.
+    /// Defaults to 2 s.
+    pub fn failover_check_period(&mut self, period: Duration) -> &mut Self {
+        self.failover_check_period = period;
         self
     }
 
@@ -253,6 +279,11 @@ impl PgStoreBuilder {
             settings,
             high_water: AtomicU64::new(0),
             limits,
+            watch: watch::Watch::new(
+                &failover,
+                self.failover_check_period,
+                self.require_failover_safe,
+            ),
             failover,
             meter: Meter::new(&series::POSTGRES, self.shared.trace_keys),
         })

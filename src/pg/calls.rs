@@ -10,7 +10,7 @@ use super::lock::DURABLE;
 use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
 use super::sql::{Sql, VERIFY_BATCH};
 use super::typed::Query;
-use super::{PgStore, quota};
+use super::{PgStore, quota, replication};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use crate::api::nonblocking::AsyncStore;
 use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
 use crate::api::record::Record;
 use crate::api::records::Records;
-use crate::api::report::{Stats, VerifyReport};
+use crate::api::report::{FailoverStatus, Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
 use crate::api::store::IdempotencyStore;
@@ -49,7 +49,7 @@ impl PgStore {
         let (scope, name) = parts(&lease.key);
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&now, &scope, &name, &token];
         params.extend_from_slice(extra);
-        self.with_conn(|client, st| {
+        self.with_write_conn(|client, st| {
             let rows = pick(st)
                 .query(client, &params)
                 .map_err(|e| pg(context, e))?;
@@ -90,7 +90,7 @@ impl PgStore {
                 if !own {
                     return Err(Error::LeaseLost);
                 }
-                self.with_conn(|client, _| replicated(client))
+                self.with_write_conn(|client, _| replicated(client))
             }
             other => other,
         }
@@ -229,7 +229,7 @@ impl Backend for PgStore {
     }
 
     fn verify(&self) -> Result<VerifyReport> {
-        self.with_conn(|client, st| {
+        self.with_write_conn(|client, st| {
             let mut txn = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::RepeatableRead)
@@ -285,12 +285,15 @@ impl Backend for PgStore {
                 .map_err(|e| pg("counting records", e))?;
             let count =
                 |i| -> Result<u64> { u64::try_from(col::<i64>(&row, i)?).map_err(bad_count) };
+            let report = replication::read(client)?;
+            self.watch.record(&report);
             Ok(Stats {
                 in_progress: count(0)?,
                 stuck: count(1)?,
                 completed: count(2)?,
                 expired: count(3)?,
                 file_bytes: Some(count(4)?),
+                failover: Some(self.watch.status()),
             })
         })
     }
@@ -306,5 +309,10 @@ impl Backend for PgStore {
     /// No engine of its own: the server's figures are the server's.
     fn engine_metrics(&self) -> Option<EngineMetrics> {
         None
+    }
+
+    /// The last check, as the store's calls made it (see `PgStoreBuilder::failover_check_period`).
+    fn failover_status(&self) -> Option<FailoverStatus> {
+        Some(self.watch.status())
     }
 }

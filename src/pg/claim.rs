@@ -52,7 +52,7 @@ impl PgStore {
             id,
             claim_id: id.map(|id| i64::from_ne_bytes(id.get().to_ne_bytes())),
         };
-        self.with_conn(|client, st| {
+        self.with_write_conn(|client, st| {
             if let (Some(limits), Some(quota)) = (&self.limits, &st.quota) {
                 let key_parts = (args.scope, args.name);
                 quota::make_room(client, quota, limits, &|| self.now_param(), key_parts)?;

@@ -16,6 +16,9 @@ pub(super) struct Conn {
     sql: Option<Sql>,
     /// A call on it failed with a storage error: drop it rather than reuse it.
     pub(super) broken: bool,
+    /// Its server's failover safety was read on it (a new connection may reach another
+    /// server: after a failover, the new primary).
+    pub(super) checked: bool,
 }
 
 impl Conn {
@@ -52,6 +55,7 @@ impl r2d2::ManageConnection for Manager {
             client: self.inner.connect()?,
             sql: None,
             broken: false,
+            checked: false,
         })
     }
 

@@ -73,7 +73,7 @@ impl PgStore {
         let status = i32::from(response.status);
         let token = token_param(lease.token)?;
         let (scope, name) = parts(&lease.key);
-        let done = self.with_conn(|client, st| {
+        let done = self.with_write_conn(|client, st| {
             let mut txn = client
                 .transaction()
                 .map_err(|e| pg("starting a transaction", e))?;

@@ -47,6 +47,7 @@ mod sql;
 mod sync_wait;
 mod tls;
 mod typed;
+mod watch;
 
 /// Durations are capped here (about 36 million years) and times at twice that, so that sums in
 /// SQL never overflow a `bigint`.
@@ -206,7 +207,8 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// so that a role's or session's `local` or `off` cannot weaken what it acknowledges, and a
 /// commit whose wait for a synchronous standby was cancelled (PostgreSQL then answers success
 /// with a WARNING) fails with an outcome-unknown [`Error::Storage`]. Whether the server's
-/// commits survive its failover at all is [`FailoverSafety`], read at connect.
+/// commits survive its failover at all is [`FailoverSafety`], read at connect and checked
+/// again while the store runs (see [`PgStoreBuilder::failover_check_period`]).
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three (with an injected clock, three more: `BEGIN`, the lock, `COMMIT`); every
@@ -241,6 +243,8 @@ pub struct PgStore {
     limits: Option<quota::Limits>,
     /// The server's failover safety when the store connected.
     failover: FailoverSafety,
+    /// Its failover safety as checked since.
+    watch: watch::Watch,
     /// What this store has done, for its `metrics`.
     meter: Meter,
 }
@@ -291,7 +295,11 @@ impl PgStore {
     /// [`Error::Storage`] if the server cannot be asked; [`Error::InvalidConfig`] if it has
     /// become read-only (a standby).
     pub fn failover_safety(&self) -> Result<FailoverSafety> {
-        self.with_conn(|client, _| replication::read(client))
+        self.with_conn(|client, _| {
+            let report = replication::read(client)?;
+            self.watch.record(&report);
+            Ok(report)
+        })
     }
 
     fn injected_now(&self) -> Option<u64> {
@@ -306,11 +314,30 @@ impl PgStore {
         self.injected_now().map(|t| capped(t, MAX_TIME_MS))
     }
 
-    /// Runs `body` on a pooled connection. A storage error marks the connection broken, so
-    /// that the pool replaces it instead of handing a dead connection out again.
-    /// Inside a tokio runtime it runs on a helper thread (see `blocking`).
+    /// Runs `body`, which only reads, on a pooled connection (see `on_conn`).
     fn with_conn<T: Send>(
         &self,
+        body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
+    ) -> Result<T> {
+        self.on_conn(false, body)
+    }
+
+    /// Runs `body`, which writes, on a pooled connection: refused while
+    /// `require_failover_safe` is set and the last check found the server not safe.
+    fn with_write_conn<T: Send>(
+        &self,
+        body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
+    ) -> Result<T> {
+        self.on_conn(true, body)
+    }
+
+    /// Runs `body` on a pooled connection. A storage error marks the connection broken, so
+    /// that the pool replaces it instead of handing a dead connection out again. First, on a
+    /// new connection or when the period is due, the server's failover safety is read again.
+    /// Inside a tokio runtime it runs on a helper thread (see `blocking`).
+    fn on_conn<T: Send>(
+        &self,
+        write: bool,
         body: impl FnOnce(&mut Client, &Sql) -> Result<T> + Send,
     ) -> Result<T> {
         blocking::off_runtime(|| {
@@ -325,6 +352,24 @@ impl PgStore {
             let mut conn = pool
                 .get_timeout(self.settings.connection_timeout)
                 .map_err(|e| Error::not_applied("getting a PostgreSQL connection", e))?;
+            if !conn.checked || self.watch.due() {
+                match replication::recheck(&mut conn.client) {
+                    Ok(report) => {
+                        self.watch.record(&report);
+                        conn.checked = true;
+                    }
+                    Err(e) => {
+                        // A read-only server (a standby) is no place for this store either:
+                        // a new connection may find the primary.
+                        conn.broken = true;
+                        self.watch.retry();
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(refusal) = self.watch.refusal().filter(|_| write) {
+                return Err(refusal);
+            }
             let result = conn
                 .parts(&self.sql, self.settings.prepare_statements)
                 .and_then(|(client, st)| sync_wait::watched(|| body(client, st)));

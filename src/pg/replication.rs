@@ -33,8 +33,10 @@ const READ: &str = "SELECT pg_is_in_recovery()::text, current_setting('transacti
 /// asynchronous standby loses what it had not received.
 ///
 /// Read when the store connects ([`PgStore::failover_safety_at_connect`], with a `tracing`
-/// warning and, with [`PgStoreBuilder::require_failover_safe`], a refusal when not safe) and
-/// on demand ([`PgStore::failover_safety`]). Its `Display` is one line that starts with
+/// warning and, with [`PgStoreBuilder::require_failover_safe`], a refusal when not safe), on
+/// demand ([`PgStore::failover_safety`]), and while the store runs: on each new pooled
+/// connection's first use and once per [`PgStoreBuilder::failover_check_period`] (its findings
+/// in `stats()` and `metrics()`, as [`FailoverStatus`](crate::admin::FailoverStatus)). Its `Display` is one line that starts with
 /// `failover-safe` or `not failover-safe`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -95,10 +97,23 @@ impl fmt::Display for FailoverSafety {
     }
 }
 
+const CONTEXT: &str = "reading the server's replication settings";
+
 /// Reads the server's report, failing if the server is read-only.
 pub(super) fn read(client: &mut Client) -> Result<FailoverSafety> {
-    const CONTEXT: &str = "reading the server's replication settings";
     let messages = client.simple_query(READ).map_err(|e| pg(CONTEXT, e))?;
+    parse(&messages)
+}
+
+/// As [`read`], before a call's own statements: a failure leaves the call undone.
+pub(super) fn recheck(client: &mut Client) -> Result<FailoverSafety> {
+    let messages = client
+        .simple_query(READ)
+        .map_err(|e| Error::not_applied(CONTEXT, e))?;
+    parse(&messages)
+}
+
+fn parse(messages: &[SimpleQueryMessage]) -> Result<FailoverSafety> {
     let rows: Vec<&SimpleQueryRow> = messages
         .iter()
         .filter_map(|m| match m {
