@@ -5,8 +5,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod failover_load;
 mod pg_failover;
 mod pg_multiprocess;
+mod pg_patroni;
 mod pg_sweep;
 mod pg_tls;
 mod pg_tokio;

@@ -23,19 +23,16 @@
 //! (failed under `CI=true`). The two cases share the clusters' ports, so they run one at a time.
 #![cfg(feature = "postgres")]
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_store::{
-    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, RecordState, Response,
-    pg::FailoverSafety, pg::PgStore,
+    Claim, ClaimId, Error, IdempotencyStore, Key, pg::FailoverSafety, pg::PgStore,
 };
 
-const THREADS: usize = 32;
+use crate::failover_load::{Figures, Load, builder, check, fingerprint};
 /// Load before the crash.
 const WARM_UP: Duration = Duration::from_secs(3);
 /// Load after the first success on the promoted server.
@@ -124,17 +121,6 @@ fn run(script: &PathBuf, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn builder() -> idempotency_store::pg::PgStoreBuilder {
-    let mut builder = PgStore::builder();
-    builder
-        .pool_size(u32::try_from(THREADS).unwrap())
-        .connection_timeout(Duration::from_secs(5))
-        // Long enough that no lease lapses during the run: a re-claim that acquires a key is
-        // then a lost record, never a takeover.
-        .lease(Duration::from_secs(600));
-    builder
-}
-
 /// Connects with `tracing` events captured (feature `tracing`); returns them with the store.
 fn connect_traced(
     builder: &idempotency_store::pg::PgStoreBuilder,
@@ -189,116 +175,10 @@ fn admin(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect as idem")
 }
 
-fn fingerprint(key: &str) -> Fingerprint {
-    Fingerprint::of(["POST", "/failover", key])
-}
-
-/// What the workers saw.
-#[derive(Default)]
-struct Ledger {
-    /// Keys whose claim was acknowledged (`Acquired`).
-    claimed: Vec<String>,
-    /// Keys whose completion was acknowledged (`Ok`); the body is the key.
-    completed: Vec<String>,
-    /// When each acknowledged write (claim or completion) returned.
-    writes: Vec<Instant>,
-    /// Calls that failed (during the failover).
-    errors: usize,
-    /// Failed calls whose outcome is unknown.
-    unknown: usize,
-}
-
-/// 32 threads of fresh keys: claim, then (three keys in four) complete.
-fn worker(store: &PgStore, thread: usize, stop: &AtomicBool, ledger: &Mutex<Ledger>) {
-    let mut i = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        i += 1;
-        let name = format!("t{thread}-{i}");
-        let key = Key::new(&name).unwrap();
-        let lease = match store.claim(&key, fingerprint(&name)) {
-            Ok(Claim::Acquired(lease)) => lease,
-            Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
-            Err(err) => {
-                failed(ledger, &err);
-                continue;
-            }
-        };
-        {
-            let mut l = ledger.lock().unwrap();
-            l.claimed.push(name.clone());
-            l.writes.push(Instant::now());
-        }
-        if i.is_multiple_of(4) {
-            continue; // held, never completed
-        }
-        match store.complete(&lease, Response::new(201, name.clone())) {
-            Ok(()) => {
-                let mut l = ledger.lock().unwrap();
-                l.completed.push(name);
-                l.writes.push(Instant::now());
-            }
-            Err(err) => failed(ledger, &err),
-        }
-    }
-}
-
-fn failed(ledger: &Mutex<Ledger>, err: &Error) {
-    let mut l = ledger.lock().unwrap();
-    l.errors += 1;
-    l.unknown += usize::from(err.outcome_unknown());
-    drop(l);
-    // A failing call is quick while no server accepts writes: do not spin.
-    std::thread::sleep(Duration::from_millis(5));
-}
-
-/// The figures of one failover.
-#[derive(Default)]
-struct Figures {
-    claims_acked: usize,
-    completions_acked: usize,
-    errors: usize,
-    outcome_unknown: usize,
-    lost_claims: usize,
-    lost_completions: usize,
-    double_runs: usize,
-    first_claim_after_promotion: Option<Duration>,
-    write_unavailable: Duration,
-}
-
-impl std::fmt::Debug for Figures {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms =
-            |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{} ms", d.as_millis()));
-        write!(
-            f,
-            "{} claims and {} completions acknowledged, {} calls failed ({} outcome unknown); \
-             lost: {} claims, {} completions; double runs: {}; first claim {} after the \
-             promotion; writes unavailable {}",
-            self.claims_acked,
-            self.completions_acked,
-            self.errors,
-            self.outcome_unknown,
-            self.lost_claims,
-            self.lost_completions,
-            self.double_runs,
-            ms(self.first_claim_after_promotion),
-            ms((self.write_unavailable != Duration::MAX).then_some(self.write_unavailable)),
-        )
-    }
-}
-
 /// Runs the load, crashes the primary (with the standby a second behind if `lag`), promotes
 /// the standby, and checks every acknowledgement on the promoted server.
 fn failover(clusters: &Clusters, store: PgStore, lag: bool) -> Figures {
-    let store = Arc::new(store);
-    let stop = Arc::new(AtomicBool::new(false));
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let workers: Vec<_> = (0..THREADS)
-        .map(|thread| {
-            let (store, stop, ledger) = (store.clone(), stop.clone(), ledger.clone());
-            std::thread::spawn(move || worker(&store, thread, &stop, &ledger))
-        })
-        .collect();
+    let load = Load::start(store, if lag { "async" } else { "sync" });
     std::thread::sleep(WARM_UP);
     if lag {
         // The standby falls behind for the last second before the crash.
@@ -313,113 +193,11 @@ fn failover(clusters: &Clusters, store: PgStore, lag: bool) -> Figures {
     }
     clusters.run(&["promote"]);
     let promoted = Instant::now();
-    let deadline = promoted + RECOVERY_LIMIT;
-    let first_claim = loop {
-        let claimed_after = ledger
-            .lock()
-            .unwrap()
-            .writes
-            .iter()
-            .copied()
-            .filter(|t| *t > promoted)
-            .min();
-        if let Some(at) = claimed_after {
-            break Some(at);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    load.await_write_after(promoted, RECOVERY_LIMIT);
     std::thread::sleep(COOL_DOWN);
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        worker.join().expect("worker");
-    }
-    drop(store);
-    let ledger = Arc::try_unwrap(ledger).ok().unwrap().into_inner().unwrap();
-    let mut writes = ledger.writes.clone();
-    writes.sort_unstable();
-    let mut figures = Figures {
-        claims_acked: ledger.claimed.len(),
-        completions_acked: ledger.completed.len(),
-        errors: ledger.errors,
-        outcome_unknown: ledger.unknown,
-        first_claim_after_promotion: first_claim.map(|t| t - promoted),
-        // The longest stretch without an acknowledged write: the failover's.
-        write_unavailable: writes
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .max()
-            .unwrap_or(Duration::MAX),
-        ..Figures::default()
-    };
-    check(clusters, &ledger, &mut figures);
+    let (ledger, mut figures) = load.finish(promoted);
+    check(&clusters.url(), &ledger, &mut figures);
     figures
-}
-
-/// Every acknowledged claim still held or completed, every acknowledged completion replaying
-/// its body, and no re-claim acquiring any of those keys; on the promoted server.
-fn check(clusters: &Clusters, ledger: &Ledger, figures: &mut Figures) {
-    let store = Arc::new(
-        builder()
-            .connect(&clusters.url())
-            .expect("connect to the promoted server"),
-    );
-    let completed: Arc<HashSet<String>> = Arc::new(ledger.completed.iter().cloned().collect());
-    let keys = Arc::new(ledger.claimed.clone());
-    let counts = Arc::new(Mutex::new((0usize, 0usize, 0usize)));
-    let checkers: Vec<_> = (0..THREADS)
-        .map(|thread| {
-            let (store, completed, keys, counts) = (
-                store.clone(),
-                completed.clone(),
-                keys.clone(),
-                counts.clone(),
-            );
-            std::thread::spawn(move || {
-                let (mut lost_claims, mut lost_completions, mut double_runs) = (0, 0, 0);
-                for name in keys.iter().skip(thread).step_by(THREADS) {
-                    let key = Key::new(name).unwrap();
-                    let view = store.lookup(&key).expect("lookup");
-                    let done = completed.contains(name);
-                    match view.map(|v| v.state) {
-                        None => {
-                            if done {
-                                lost_completions += 1;
-                            } else {
-                                lost_claims += 1;
-                            }
-                        }
-                        Some(RecordState::Completed { .. }) => {}
-                        Some(RecordState::InProgress { .. }) if !done => {}
-                        Some(_) => lost_completions += 1,
-                    }
-                    match store.claim(&key, fingerprint(name)).expect("re-claim") {
-                        Claim::Acquired(_) => double_runs += 1,
-                        Claim::Completed(replay) if done => {
-                            if replay.response.body != name.as_bytes() {
-                                lost_completions += 1;
-                            }
-                        }
-                        Claim::Completed(_) | Claim::InProgress { .. } => {}
-                        other => panic!("{name}: re-claim answered {other:?}"),
-                    }
-                }
-                let mut c = counts.lock().unwrap();
-                c.0 += lost_claims;
-                c.1 += lost_completions;
-                c.2 += double_runs;
-            })
-        })
-        .collect();
-    for checker in checkers {
-        checker.join().expect("checker");
-    }
-    let (lost_claims, lost_completions, double_runs) = *counts.lock().unwrap();
-    figures.lost_claims = lost_claims;
-    figures.lost_completions = lost_completions;
-    figures.double_runs = double_runs;
 }
 
 /// Waits until a backend of the store's role waits for a synchronous standby, and cancels it.
@@ -538,7 +316,7 @@ fn synchronous_replication_loses_nothing_across_a_failover() {
     assert_eq!(figures.lost_claims, 0, "{figures:?}");
     assert_eq!(figures.lost_completions, 0, "{figures:?}");
     assert_eq!(figures.double_runs, 0, "{figures:?}");
-    assert!(figures.first_claim_after_promotion.is_some(), "{figures:?}");
+    assert!(figures.first_write_after_fault.is_some(), "{figures:?}");
 }
 
 #[test]

@@ -1,0 +1,336 @@
+//! `PgStore` across Patroni's failovers: three Patroni nodes with etcd and HAProxy on this
+//! machine (`.ci/patroni-setup`; `synchronous_mode: true`, `synchronous_mode_strict: false`),
+//! 32 threads claiming and completing (`failover_load`), reached through HAProxy (which sends
+//! connections to the node whose REST API answers 200 on `/primary`) and through a three-host
+//! URL with `target_session_attrs=read-write`:
+//!
+//! - the leader killed (SIGKILL to its Patroni and its postmaster, as when its machine fails):
+//!   Patroni promotes the synchronous standby once the leader key's `ttl` runs out;
+//! - a planned switchover (`patronictl switchover --force`).
+//!
+//! Afterwards every acknowledged claim is still held or completed and every acknowledged
+//! completion replays: 0 lost, 0 run twice. The time writes were unavailable is printed.
+//!
+//! With `synchronous_mode_strict` off, Patroni promotes with `synchronous_standby_names`
+//! empty and names a standby only once one streams from the new primary: the store, which
+//! reads its failover safety again on each new connection and every 2 s, must report the new
+//! primary as not failover-safe in that window (`metrics()` and `stats()`), and as safe again
+//! once it has a synchronous standby. A second store with `require_failover_safe(true)` has
+//! its claims refused (not applied) in that window, and served after it.
+//!
+//! It starts and deletes a cluster of its own, so it runs only where `.ci/run` says so:
+//! `IDEMPOTENCY_PG_PATRONI` names the set-up script. Skipped with a printed reason without it
+//! (failed under `CI=true`).
+#![cfg(feature = "postgres")]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use idempotency_store::{Claim, IdempotencyStore, Key, pg::PgStore};
+
+use crate::failover_load::{Load, builder, check, fingerprint};
+
+/// Load before the fault.
+const WARM_UP: Duration = Duration::from_secs(3);
+/// The longest the test waits for writes to be served again.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+/// The longest the test waits, after that, for the store to report the new primary safe.
+const SAFE_AGAIN_LIMIT: Duration = Duration::from_secs(30);
+/// Load after the store reports the new primary safe: longer than the check period (2 s)
+/// and a probe's interval, so that the `require_failover_safe` store has checked again too.
+const COOL_DOWN: Duration = Duration::from_secs(3);
+
+fn script() -> Option<PathBuf> {
+    match std::env::var("IDEMPOTENCY_PG_PATRONI") {
+        Ok(path) if !path.trim().is_empty() => Some(PathBuf::from(path)),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but IDEMPOTENCY_PG_PATRONI is not set (see .ci/run)")
+        }
+        _ => {
+            eprintln!(
+                "skipped: IDEMPOTENCY_PG_PATRONI (the path of .ci/patroni-setup, run as root) \
+                 is not set; see .ci/run"
+            );
+            None
+        }
+    }
+}
+
+fn run(script: &PathBuf, args: &[&str]) -> String {
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run the set-up script");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The Patroni cluster; deleted with the value.
+struct Cluster {
+    script: PathBuf,
+    haproxy: u16,
+    nodes: String,
+}
+
+impl Cluster {
+    fn up(script: PathBuf) -> Cluster {
+        let out = run(&script, &["up"]);
+        let field = |name: &str| -> String {
+            out.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {out:?}"))
+                .to_owned()
+        };
+        Cluster {
+            haproxy: field("HAPROXY_PORT=").parse().expect("a port"),
+            nodes: field("PG_PORTS="),
+            script,
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        run(&self.script, args)
+    }
+
+    fn haproxy_url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=idem password=idem dbname=idem connect_timeout=2",
+            self.haproxy
+        )
+    }
+
+    fn multi_host_url(&self) -> String {
+        let hosts = vec!["127.0.0.1"; self.nodes.split(',').count()].join(",");
+        format!(
+            "host={hosts} port={} user=idem password=idem dbname=idem \
+             target_session_attrs=read-write connect_timeout=2",
+            self.nodes
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script).arg("down").status();
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    KillLeader,
+    Switchover,
+}
+
+/// One reading of the store's failover report after the fault.
+#[derive(Debug)]
+struct Seen {
+    at: Duration,
+    /// `metrics()` (the last check) or `stats()` (a check by the call).
+    source: &'static str,
+    safe: bool,
+    detail: String,
+}
+
+/// What the `require_failover_safe` store's probe claims met after the fault.
+#[derive(Debug, Default)]
+struct Strict {
+    /// Refused while its store found the primary not failover-safe.
+    refused: Vec<Duration>,
+    /// Acquired.
+    acquired: Vec<Duration>,
+    /// Other errors (the failover itself).
+    failed: usize,
+}
+
+/// Reads `store`'s report (and probes `strict` with claims) from `fault` until `stop`.
+fn observe(
+    store: Arc<PgStore>,
+    strict: PgStore,
+    fault: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<Seen>, Strict)> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut probes = Strict::default();
+        let mut round = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            round += 1;
+            if let Some(status) = store.metrics().failover {
+                seen.push(Seen {
+                    at: fault.elapsed(),
+                    source: "metrics",
+                    safe: status.safe,
+                    detail: status.detail,
+                });
+            }
+            if round.is_multiple_of(5) {
+                if let Ok(stats) = store.stats() {
+                    let status = stats
+                        .failover
+                        .expect("PgStore's stats report failover safety");
+                    seen.push(Seen {
+                        at: fault.elapsed(),
+                        source: "stats",
+                        safe: status.safe,
+                        detail: status.detail,
+                    });
+                }
+                let name = format!("strict-{}-{round}", fault.elapsed().as_nanos());
+                let key = Key::new(&name).unwrap();
+                match strict.claim(&key, fingerprint(&name)) {
+                    Ok(Claim::Acquired(_)) => probes.acquired.push(fault.elapsed()),
+                    Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
+                    Err(err) if err.to_string().contains("require_failover_safe") => {
+                        assert!(!err.outcome_unknown(), "a refusal does nothing: {err}");
+                        probes.refused.push(fault.elapsed());
+                    }
+                    Err(_) => probes.failed += 1,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (seen, probes)
+    })
+}
+
+/// Load through `url`, the fault, the check: 0 lost, 0 run twice, and the non-strict window
+/// reported. Leaves the cluster with three members and a synchronous standby.
+fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
+    let store = builder().connect(url).expect("connect");
+    let status = store
+        .metrics()
+        .failover
+        .expect("PgStore reports failover safety");
+    assert!(
+        status.safe,
+        "a leader with a synchronous standby: {status:?}"
+    );
+    let mut strict_builder = builder();
+    strict_builder.pool_size(1).require_failover_safe(true);
+    let strict = strict_builder.connect(url).expect("connect, failover-safe");
+
+    let run = format!("{via}-{fault:?}");
+    let load = Load::start(store, &run);
+    std::thread::sleep(WARM_UP);
+    let stop = Arc::new(AtomicBool::new(false));
+    let at = Instant::now();
+    let observer = observe(load.store.clone(), strict, at, stop.clone());
+    let killed = match fault {
+        Fault::KillLeader => Some(cluster.run(&["kill-leader"])),
+        Fault::Switchover => {
+            cluster.run(&["switchover"]);
+            None
+        }
+    };
+    let served = load.await_write_after(at, RECOVERY_LIMIT);
+    // Until the store's own report (no I/O: what its calls checked) is safe again.
+    let deadline = Instant::now() + SAFE_AGAIN_LIMIT;
+    while served.is_some() && Instant::now() < deadline {
+        let safe = load.store.metrics().failover.is_some_and(|s| s.safe);
+        let unsafe_seen = load
+            .store
+            .metrics()
+            .failover
+            .is_some_and(|s| s.unsafe_checks > 0);
+        if safe && unsafe_seen {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(COOL_DOWN);
+    stop.store(true, Ordering::Relaxed);
+    let (seen, probes) = observer.join().expect("observer");
+    let (ledger, mut figures) = load.finish(at);
+    check(url, &ledger, &mut figures);
+    eprintln!("patroni {run}: {figures:?}");
+
+    let first_unsafe = seen.iter().position(|s| !s.safe);
+    let safe_again =
+        first_unsafe.and_then(|i| seen[i..].iter().position(|s| s.safe).map(|j| i + j));
+    let ms = |i: Option<usize>| {
+        i.map_or("never".to_owned(), |i| {
+            format!("{} ms", seen[i].at.as_millis())
+        })
+    };
+    eprintln!(
+        "patroni {run}: reported not failover-safe from {} ({}) to {} after the fault; strict \
+         store: {} claims refused (first at {:?}), {} acquired after, {} other errors",
+        ms(first_unsafe),
+        first_unsafe.map_or("", |i| seen[i].detail.as_str()),
+        ms(safe_again),
+        probes.refused.len(),
+        probes.refused.first(),
+        probes
+            .acquired
+            .iter()
+            .filter(|t| probes.refused.first().is_some_and(|r| *t > r))
+            .count(),
+        probes.failed,
+    );
+
+    assert!(
+        served.is_some(),
+        "no write served within {RECOVERY_LIMIT:?}: {figures:?}"
+    );
+    assert!(figures.claims_acked > 1000, "{figures:?}");
+    assert_eq!(figures.lost_claims, 0, "{figures:?}");
+    assert_eq!(figures.lost_completions, 0, "{figures:?}");
+    assert_eq!(figures.double_runs, 0, "{figures:?}");
+
+    // The non-strict window, seen while it lasted, and its end.
+    let Some(first_unsafe) = first_unsafe else {
+        panic!("the new primary was never reported not failover-safe: {seen:#?}");
+    };
+    assert!(
+        seen[first_unsafe].detail.starts_with("not failover-safe"),
+        "{:?}",
+        seen[first_unsafe]
+    );
+    assert!(
+        safe_again.is_some(),
+        "never reported safe again after {:?}: {:#?}",
+        seen[first_unsafe],
+        &seen[first_unsafe..]
+    );
+    let last = seen.last().expect("readings");
+    assert!(last.safe, "the last reading: {last:?}");
+    assert!(
+        seen.iter().any(|s| s.source == "stats" && !s.safe),
+        "stats() never reported the window: {seen:#?}"
+    );
+    let first_refusal = probes.refused.first().copied();
+    assert!(
+        first_refusal.is_some(),
+        "require_failover_safe refused no write in the window: {probes:?}"
+    );
+    assert!(
+        probes.acquired.iter().any(|t| Some(*t) > first_refusal),
+        "require_failover_safe still refuses once safe again: {probes:?}"
+    );
+
+    if let Some(node) = killed {
+        cluster.run(&["start", &node]);
+    }
+    cluster.run(&["await-sync"]);
+}
+
+#[test]
+fn patroni_failovers_lose_nothing_and_report_the_window() {
+    let Some(script) = script() else { return };
+    let cluster = Cluster::up(script);
+    let haproxy = cluster.haproxy_url();
+    let multi = cluster.multi_host_url();
+    case(&cluster, &haproxy, "haproxy", Fault::KillLeader);
+    case(&cluster, &multi, "multi-host", Fault::Switchover);
+    case(&cluster, &multi, "multi-host", Fault::KillLeader);
+    case(&cluster, &haproxy, "haproxy", Fault::Switchover);
+}
