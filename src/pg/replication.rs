@@ -74,7 +74,8 @@ impl fmt::Display for FailoverSafety {
                  acknowledges commits before any standby has them (synchronous_commit = \
                  {commit}); a failover can lose acknowledged claims and completions, and their \
                  operations can then run twice; set synchronous_standby_names (or your HA \
-                 manager's synchronous mode)"
+                 manager's synchronous mode; with Patroni, synchronous_mode_strict too, or a \
+                 new primary runs without a synchronous standby for a few seconds)"
             );
         }
         let names = &self.synchronous_standby_names;

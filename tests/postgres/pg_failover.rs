@@ -11,7 +11,9 @@
 //!   failover-safe, 0 acknowledged claims or completions lost, 0 double runs. Before the
 //!   failover: a standby connected alone is refused (the error names
 //!   `target_session_attrs=read-write`), and a commit whose wait for a standby is cancelled
-//!   (`pg_cancel_backend`; the standby names then match no standby) is outcome unknown.
+//!   (`pg_cancel_backend`; the standby names then match no standby) is outcome unknown. After
+//!   it: the promoted server, alone, is not failover-safe, and a store with
+//!   `require_failover_safe(true)` refuses writes there (not applied) and serves reads.
 //! - Asynchronous replication, the standby's WAL receiver stopped for the last second before
 //!   the crash and killed after it (what it had not written is lost, as when the primary's
 //!   machine fails): the connect-time report (and, with feature `tracing`, its warning) says "not
@@ -310,13 +312,47 @@ fn synchronous_replication_loses_nothing_across_a_failover() {
     );
     drop(probe);
 
-    let figures = failover(&clusters, store, false);
+    // The load's store does not require failover safety: the promoted server stands alone (no
+    // standby of its own), and `store`, which requires it, refuses to write there (below).
+    let load = builder().connect(&clusters.url()).expect("connect");
+    let figures = failover(&clusters, load, false);
     eprintln!("sync failover: {figures:?}");
     assert!(figures.claims_acked > 1000, "{figures:?}");
     assert_eq!(figures.lost_claims, 0, "{figures:?}");
     assert_eq!(figures.lost_completions, 0, "{figures:?}");
     assert_eq!(figures.double_runs, 0, "{figures:?}");
     assert!(figures.first_write_after_fault.is_some(), "{figures:?}");
+
+    // On the promoted server, without a synchronous standby, the store that requires failover
+    // safety finds it not safe on its first new connection: writes refused, nothing done,
+    // reads served, and its report says so.
+    let key = Key::new("after-promotion").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        match store.claim(&key, fingerprint("after-promotion")) {
+            Err(err) if err.to_string().contains("require_failover_safe") => break err,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("a write on the promoted server, alone, answered {other:?}"),
+        }
+    };
+    assert!(!refusal.outcome_unknown(), "{refusal}");
+    assert!(
+        refusal.to_string().contains("not failover-safe"),
+        "{refusal}"
+    );
+    assert_eq!(store.lookup(&key).expect("reads are served"), None);
+    let status = store
+        .metrics()
+        .failover
+        .expect("a PgStore reports failover safety");
+    assert!(!status.safe, "{status:?}");
+    assert!(status.unsafe_checks >= 1, "{status:?}");
+    let stats = store.stats().expect("stats are served");
+    assert!(
+        stats
+            .failover
+            .is_some_and(|s| !s.safe && s.detail.starts_with("not failover-safe"))
+    );
 }
 
 #[test]

@@ -261,14 +261,18 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
             format!("{} ms", seen[i].at.as_millis())
         })
     };
+    let window = first_unsafe
+        .zip(safe_again)
+        .map_or("none".to_owned(), |(a, b)| {
+            format!("{} ms", (seen[b].at - seen[a].at).as_millis())
+        });
     eprintln!(
-        "patroni {run}: reported not failover-safe from {} ({}) to {} after the fault; strict \
-         store: {} claims refused (first at {:?}), {} acquired after, {} other errors",
+        "patroni {run}: reported not failover-safe from {} to {} after the fault (the window \
+         as seen: {window}); the require_failover_safe store: {} claims refused, {} acquired \
+         after the first refusal, {} other errors",
         ms(first_unsafe),
-        first_unsafe.map_or("", |i| seen[i].detail.as_str()),
         ms(safe_again),
         probes.refused.len(),
-        probes.refused.first(),
         probes
             .acquired
             .iter()
