@@ -48,8 +48,7 @@ pub struct Stats {
 /// [`Metrics::failover`](crate::api::metrics::Metrics::failover) (the last check, no I/O).
 /// A `PgStore` checks when it connects, on each new pooled connection's first use (so after
 /// every reconnect, and after a failover on the new primary), and then at most once per
-/// [`failover_check_period`](crate::pg::PgStoreBuilder::failover_check_period) on a call's
-/// own connection. So a primary running without a synchronous standby (Patroni's promotion
+/// `PgStoreBuilder::failover_check_period` (2 s by default) on a call's own connection. So a primary running without a synchronous standby (Patroni's promotion
 /// window with `synchronous_mode_strict` off) shows here while it lasts, and safe again once
 /// it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
