@@ -132,6 +132,9 @@ pub(crate) static OVERLAY_RECORDS: Series = series!("idempotency_overlay_records
 pub(crate) static OVERLAY_BYTES: Series = series!("idempotency_overlay_bytes", "redb");
 /// The store file's size, in bytes.
 pub(crate) static FILE_BYTES: Series = series!("idempotency_file_bytes", "redb");
+/// 1 if the last failover-safety check found commits waiting for a synchronous standby, else 0.
+#[cfg(feature = "postgres")]
+pub(crate) static FAILOVER_SAFE: Series = series!("idempotency_failover_safe", "postgres");
 
 #[cfg(all(test, feature = "metrics"))]
 mod tests {
@@ -228,5 +231,10 @@ mod tests {
         for (series, name) in engine {
             check(series, &built(name, "redb", None));
         }
+        #[cfg(feature = "postgres")]
+        check(
+            &FAILOVER_SAFE,
+            &built("idempotency_failover_safe", "postgres", None),
+        );
     }
 }

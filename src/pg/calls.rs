@@ -27,6 +27,7 @@ use crate::api::report::{FailoverStatus, Stats, VerifyReport};
 use crate::api::response::Response;
 use crate::api::settings::Settings;
 use crate::api::store::IdempotencyStore;
+use crate::api::{publish, series};
 use crate::error::{Error, Result};
 
 /// Records one sweep statement deletes at most ([`SWEEP_BATCH`]): it holds one advisory lock
@@ -311,8 +312,11 @@ impl Backend for PgStore {
         None
     }
 
-    /// The last check, as the store's calls made it (see `PgStoreBuilder::failover_check_period`).
+    /// The last check, as the store's calls made it (see `PgStoreBuilder::failover_check_period`);
+    /// also the `idempotency_failover_safe` gauge, set here as the redb store's gauges are.
     fn failover_status(&self) -> Option<FailoverStatus> {
-        Some(self.watch.status())
+        let status = self.watch.status();
+        publish::level(&series::FAILOVER_SAFE, u64::from(status.safe));
+        Some(status)
     }
 }
