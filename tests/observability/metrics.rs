@@ -517,3 +517,54 @@ fn readme_sample_holds() -> idempotency_store::Result<()> {
     assert!(engine.batches >= 2);
     Ok(())
 }
+
+/// The failover report: none on redb; on PostgreSQL the check at connect, one on each new
+/// pooled connection's first use, one per period on a busy store and one per `stats()`, the
+/// same in `metrics()` (no I/O) and `stats()`, and agreeing with a fresh read.
+#[test]
+fn failover_safety_is_reported_as_checked() {
+    let store = Store::builder().open_in_memory().expect("open");
+    assert_eq!(store.metrics().failover, None);
+    assert_eq!(store.stats().expect("stats").failover, None);
+
+    #[cfg(feature = "postgres")]
+    {
+        use idempotency_store::pg::PgStore;
+        let Some(url) = crate::common::pg::url() else {
+            return;
+        };
+        let checks = |store: &PgStore| store.metrics().failover.expect("reported").checks;
+        let store = PgStore::builder()
+            .pool_size(1)
+            .failover_check_period(Duration::from_secs(3600))
+            .connect(&url)
+            .expect("connect");
+        let at_connect = store.failover_safety_at_connect().clone();
+        let status = store.metrics().failover.expect("reported");
+        assert_eq!(status.checks, 1, "{status:?}");
+        assert_eq!(status.safe, at_connect.is_failover_safe(), "{status:?}");
+        assert_eq!(status.detail, at_connect.to_string());
+        assert_eq!(status.unsafe_checks, u64::from(!status.safe));
+        store.lookup(&key("absent")).expect("lookup");
+        assert_eq!(checks(&store), 2, "a new connection's first use checks");
+        store.lookup(&key("absent")).expect("lookup");
+        assert_eq!(checks(&store), 2, "a used connection, the period not due");
+        let stats = store.stats().expect("stats").failover.expect("reported");
+        assert_eq!(stats.checks, 3, "stats() checks: {stats:?}");
+        assert_eq!(store.metrics().failover, Some(stats.clone()));
+        let fresh = store.failover_safety().expect("read now");
+        assert_eq!(stats.safe, fresh.is_failover_safe());
+        assert_eq!(stats.detail, fresh.to_string());
+
+        let busy = PgStore::builder()
+            .pool_size(1)
+            .failover_check_period(Duration::from_millis(20))
+            .connect(&url)
+            .expect("connect");
+        busy.lookup(&key("absent")).expect("lookup");
+        assert_eq!(checks(&busy), 2);
+        std::thread::sleep(Duration::from_millis(40));
+        busy.lookup(&key("absent")).expect("lookup");
+        assert_eq!(checks(&busy), 3, "the period elapsed: the call checked");
+    }
+}
