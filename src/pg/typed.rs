@@ -165,9 +165,16 @@ fn parameter_types(text: &str) -> Vec<Type> {
             .bytes()
             .take_while(|b| b.is_ascii_lowercase() || *b == b'_')
             .count();
-        let Some(ty) = builtin(&cast[..name_len]) else {
+        let Some(mut ty) = builtin(&cast[..name_len]) else {
             continue;
         };
+        if cast[name_len..].starts_with("[]") {
+            // The distributed sweep's key lists (`$2::text[]`).
+            let Some(array) = array_of(&ty) else {
+                continue;
+            };
+            ty = array;
+        }
         if types.len() < n {
             types.resize(n, Type::UNKNOWN);
         }
@@ -176,6 +183,11 @@ fn parameter_types(text: &str) -> Vec<Type> {
         }
     }
     types
+}
+
+/// The array of a type the statements cast a parameter to as an array.
+fn array_of(ty: &Type) -> Option<Type> {
+    (*ty == Type::TEXT).then_some(Type::TEXT_ARRAY)
 }
 
 /// The types the statements cast their parameters to.
@@ -216,7 +228,7 @@ mod tests {
 
     #[test]
     fn every_parameter_of_every_statement_is_typed() {
-        for query in Sql::new("s", true).all() {
+        for query in Sql::new("s", true, false).all() {
             assert!(
                 !query.types.contains(&Type::UNKNOWN),
                 "a parameter without a cast: {}",
