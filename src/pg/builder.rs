@@ -257,6 +257,9 @@ impl PgStoreBuilder {
                 }
                 trace::not_failover_safe(&failover);
             }
+            if self.distributed {
+                distributed::check_coordinator(&mut client)?;
+            }
             if self.migrate {
                 migrate(
                     &mut client,

@@ -145,7 +145,7 @@ pub(super) fn sweep_once(
 /// Refuses a server where the distributed mode cannot work: no Citus in the database, or a
 /// node that is not the coordinator (the key's lock is the coordinator's: a client on a
 /// worker would take another node's).
-fn check_coordinator(client: &mut impl ::postgres::GenericClient) -> Result<()> {
+pub(super) fn check_coordinator(client: &mut impl ::postgres::GenericClient) -> Result<()> {
     const CONTEXT: &str = "checking for Citus";
     let row =
         Query::new("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')".to_owned())
@@ -185,9 +185,8 @@ fn is_distributed(client: &mut impl ::postgres::GenericClient, schema: &str) -> 
 }
 
 /// Distributes the records table by `key`, unless it already is (in the migration's
-/// transaction, under the schema's migration lock).
+/// transaction, under the schema's migration lock), on a server [`check_coordinator`] passed.
 pub(super) fn distribute(txn: &mut ::postgres::Transaction<'_>, schema: &str) -> Result<()> {
-    check_coordinator(txn)?;
     if is_distributed(txn, schema)? {
         return Ok(());
     }
@@ -203,7 +202,6 @@ pub(super) fn distribute(txn: &mut ::postgres::Transaction<'_>, schema: &str) ->
 /// Checks, changing nothing, that the records table is distributed (a store that connects
 /// without migrating).
 pub(super) fn check(client: &mut Client, schema: &str) -> Result<()> {
-    check_coordinator(client)?;
     if is_distributed(client, schema)? {
         return Ok(());
     }
