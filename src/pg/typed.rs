@@ -227,8 +227,16 @@ mod tests {
     }
 
     #[test]
+    fn an_array_cast_types_its_parameter_as_an_array() {
+        let query = Query::new("SELECT $1::bigint, $2::text[], $3::text".to_owned());
+        assert_eq!(query.types, [Type::INT8, Type::TEXT_ARRAY, Type::TEXT]);
+    }
+
+    #[test]
     fn every_parameter_of_every_statement_is_typed() {
-        for query in Sql::new("s", true, false).all() {
+        let single = Sql::new("s", true, false);
+        let distributed = Sql::new("s", false, true);
+        for query in single.all().into_iter().chain(distributed.all()) {
             assert!(
                 !query.types.contains(&Type::UNKNOWN),
                 "a parameter without a cast: {}",

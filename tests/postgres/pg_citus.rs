@@ -96,7 +96,7 @@ fn every_request_statement_runs_on_one_shard() -> idempotency_store::Result<()> 
     let store = distributed(&schema)
         .lease(Duration::from_millis(300))
         .connect(&with_option(&url, SINGLE_TASK_ONLY))?;
-    for n in 0..20 {
+    for n in 0..20u32 {
         let key = Key::new(&format!("k{n}"))?;
         let Claim::Acquired(mut lease) = store.claim(&key, fp("a"))? else {
             panic!("a fresh key was not acquired");
@@ -112,7 +112,7 @@ fn every_request_statement_runs_on_one_shard() -> idempotency_store::Result<()> 
         store.heartbeat(&mut lease)?;
         store.checkpoint(&mut lease, b"half".to_vec())?;
         assert!(store.lookup(&key)?.is_some());
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             store.complete(&lease, Response::new(201, format!("r{n}")))?;
             let Claim::Completed(record) = store.claim(&key, fp("a"))? else {
                 panic!("no replay");
@@ -400,7 +400,7 @@ fn a_worker_restart_under_load_loses_no_acknowledged_write() -> idempotency_stor
                         }
                     };
                     ledger.lock().unwrap().claimed.push(name.clone());
-                    if i % 4 == 0 {
+                    if i.is_multiple_of(4) {
                         continue; // held, never completed
                     }
                     match store.complete(&lease, Response::new(201, name.clone())) {
