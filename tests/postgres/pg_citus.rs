@@ -242,6 +242,17 @@ fn tokens_increase_per_key_across_workers_and_a_shard_move() -> idempotency_stor
         Some(after.token()) > highest_before,
         "a token went down after the move"
     );
+    // The multi-shard reads: verify's cursor (its token check against the coordinator's
+    // sequence included), the walk over every record, and stats.
+    let report = store.verify()?;
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(
+        report.records, 2,
+        "the two records of \"moving\" (the rest were released)"
+    );
+    assert_eq!(store.records()?.count(), 2);
+    let stats = store.stats()?;
+    assert_eq!((stats.in_progress, stats.completed), (1, 1), "{stats:?}");
     Ok(())
 }
 
