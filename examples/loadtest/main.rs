@@ -6,6 +6,8 @@
 //! schema's plain statements on the same server (pairs only: per pair an autocommit
 //! `INSERT … ON CONFLICT DO NOTHING RETURNING` and an `UPDATE`, both prepared, one connection
 //! per thread, no TLS), the floor `PgStore`'s fencing and fingerprints are measured against.
+//! With `IDEMPOTENCY_PG_CITUS_URL` set (a Citus coordinator) it also measures `PgStore` in the
+//! distributed mode (`PgStoreBuilder::distributed`) there, as system `postgres-citus`.
 //!
 //! ```text
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
@@ -26,7 +28,7 @@
 //! operation (its key durable before it returns) and `Outbox::finish`, on a store of its own.
 //!
 //! `--only` filters by system (`store`, `store-nogc`, `store-txn`, `sqlite-full`, `postgres`,
-//! `postgres-tls`, `pg-probe`, `store-quickrepair`, `outbox`, `fdatasync`) and by workload (`pairs`,
+//! `postgres-tls`, `pg-probe`, `postgres-citus`, `store-quickrepair`, `outbox`, `fdatasync`) and by workload (`pairs`,
 //! `replay`, `mixed`, `payments`); a cell runs if its system is named (or no system is) and its
 //! workload is named (or no workload is).
 //!

@@ -40,6 +40,34 @@ pub(crate) fn open_pg(cell: u64, tls: bool) -> Res<Box<dyn IdempotencyStore>> {
     Ok(Box::new(store))
 }
 
+/// The Citus coordinator's URL (`IDEMPOTENCY_PG_CITUS_URL`), for the `postgres-citus` cells:
+/// `PgStore` in the distributed mode, measured in the same run as `postgres` on one server.
+pub(crate) fn citus_url() -> Option<String> {
+    if cfg!(feature = "postgres") {
+        std::env::var("IDEMPOTENCY_PG_CITUS_URL").ok()
+    } else {
+        None
+    }
+}
+
+/// A distributed `PgStore` on the Citus coordinator, on a fresh schema.
+#[cfg(feature = "postgres")]
+pub(crate) fn open_citus(cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+    let url = citus_url().ok_or("IDEMPOTENCY_PG_CITUS_URL is not set")?;
+    let store = idempotency_store::pg::PgStore::builder()
+        .pool_size(PG_POOL)
+        .schema(fresh_schema(cell))
+        .distributed(true)
+        .connect(&url)
+        .map_err(|e| err("connecting to the Citus coordinator", e))?;
+    Ok(Box::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn open_citus(_cell: u64) -> Res<Box<dyn IdempotencyStore>> {
+    Err("this build has no PostgreSQL backend: use --features postgres".into())
+}
+
 /// A schema that no earlier run used. The keys are the same in every run (`fresh_for`), and
 /// the schemas are left behind, so a run whose process id an earlier one had would otherwise
 /// find that run's records and fail with "fresh key … not acquired".

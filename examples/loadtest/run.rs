@@ -17,7 +17,7 @@ use crate::log_bound::LogBound;
 use crate::outbox::OutboxSys;
 #[cfg(feature = "postgres")]
 use crate::pg::PgProbe;
-use crate::pg::{open_pg, pg_url};
+use crate::pg::{citus_url, open_citus, open_pg, pg_url};
 use crate::sqlite::SqliteSys;
 use crate::store::{StoreSys, open_store, prefill_store};
 use crate::systems::{CELL, ReplaySet, System};
@@ -29,6 +29,9 @@ pub(crate) fn systems() -> Vec<&'static str> {
     let mut systems = vec!["store", "store-nogc", "sqlite-full", "log-bound", "outbox"];
     if pg_url().is_some() {
         systems.extend(["postgres", "postgres-tls", "pg-probe"]);
+    }
+    if citus_url().is_some() {
+        systems.push("postgres-citus");
     }
     systems
 }
@@ -67,9 +70,14 @@ impl Runner<'_> {
         match system {
             #[cfg(feature = "postgres")]
             "pg-probe" => f(&PgProbe::create(cell)?),
-            "postgres" | "postgres-tls" => {
+            "postgres" | "postgres-tls" | "postgres-citus" => {
+                let store = if system == "postgres-citus" {
+                    open_citus(cell)?
+                } else {
+                    open_pg(cell, system == "postgres-tls")?
+                };
                 let sys = StoreSys {
-                    store: Arc::from(open_pg(cell, system == "postgres-tls")?),
+                    store: Arc::from(store),
                     redb: None,
                     slow_effects: false,
                     set: Arc::clone(&self.set),

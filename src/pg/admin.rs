@@ -124,7 +124,16 @@ impl PgStore {
             "{} DELETE FROM {} AS r USING c WHERE r.scope = $2::text AND r.key = $3::text \
              AND r.state = 'in_progress' AND r.expires_at > c.now \
              RETURNING r.attempt, r.lease_until",
-            after_lock(&key_lock(&self.settings.schema, "$2", "$3")),
+            after_lock(&format!(
+                "{}{}",
+                key_lock(&self.settings.schema, "$2", "$3"),
+                // As `Sql::new`: Citus cannot keep a `void` in the CTE's intermediate result.
+                if self.settings.distributed {
+                    "::text"
+                } else {
+                    ""
+                }
+            )),
             self.table()
         ));
         // The delete's snapshot predates its wait for the key's lock: a record that a claim

@@ -14,7 +14,8 @@ use super::replication::FailoverSafety;
 use super::rows::{capped, pg};
 use super::sql::Sql;
 use super::{
-    MAX_DURATION_MS, PgStore, blocking, quota, replication, routines, sync_wait, tls, watch,
+    MAX_DURATION_MS, PgStore, blocking, distributed, quota, replication, routines, sync_wait, tls,
+    watch,
 };
 use crate::api::clock::{Clock, millis};
 use crate::api::metrics::Meter;
@@ -41,6 +42,7 @@ pub struct PgStoreBuilder {
     pub(super) require_failover_safe: bool,
     pub(super) failover_check_period: Duration,
     pub(super) prepare_statements: bool,
+    pub(super) distributed: bool,
 }
 
 impl Default for PgStoreBuilder {
@@ -56,6 +58,7 @@ impl Default for PgStoreBuilder {
             require_failover_safe: false,
             failover_check_period: watch::DEFAULT_PERIOD,
             prepare_statements: true,
+            distributed: false,
         }
     }
 }
@@ -73,6 +76,7 @@ impl std::fmt::Debug for PgStoreBuilder {
             .field("require_failover_safe", &self.require_failover_safe)
             .field("failover_check_period", &self.failover_check_period)
             .field("prepare_statements", &self.prepare_statements)
+            .field("distributed", &self.distributed)
             .finish()
     }
 }
@@ -180,6 +184,30 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether the records table is a **Citus distributed table**, sharded by the key over
+    /// the cluster's workers, for a service whose claims outgrow one primary. `url` then names
+    /// the Citus coordinator (with the `citus` extension in its database); the migration
+    /// distributes the table by its `key` column (`create_distributed_table`), so that each
+    /// statement of a request's path (claim, lookup, heartbeat, completion, release) names one
+    /// key and runs on the one worker holding its shard. The scope stays in the primary key and
+    /// in every statement's filter, so keys of different scopes still never meet; a key's
+    /// records of all scopes share a shard. Fencing tokens still come from one sequence on the
+    /// coordinator: unique and increasing cluster-wide. `docs/postgres.md`, "Past one primary",
+    /// says what stays on one shard, what costs a distributed transaction, and what a shard
+    /// move between workers does to leases.
+    ///
+    /// Not with a quota (`max_records`, `max_bytes`): their accounting is one row that every
+    /// write updates, which would make each claim a distributed transaction; nor with
+    /// `prepare_statements(false)` (the pooler routines are not distributed functions).
+    /// Either is refused at [`connect`](PgStoreBuilder::connect) with
+    /// [`Error::InvalidConfig`], as is a server without Citus. An existing table that is not
+    /// distributed yet is distributed by the migration (Citus copies its rows). Defaults to
+    /// false.
+    pub fn distributed(&mut self, distributed: bool) -> &mut Self {
+        self.distributed = distributed;
+        self
+    }
+
     fn limits(&self) -> Option<quota::Limits> {
         self.shared.has_quota().then_some(quota::Limits {
             max_records: self.shared.max_records,
@@ -236,7 +264,10 @@ impl PgStoreBuilder {
             inner: PostgresConnectionManager::new(config, tls),
         };
         let limits = self.limits();
-        let mut sql = Sql::new(&self.schema, limits.is_some());
+        if self.distributed {
+            distributed::refuse(limits.is_some(), settings.prepare_statements)?;
+        }
+        let mut sql = Sql::new(&self.schema, limits.is_some(), self.distributed);
         let failover;
         {
             // A connection of its own, so that a wrong address, password or certificate fails
@@ -251,10 +282,21 @@ impl PgStoreBuilder {
                 }
                 trace::not_failover_safe(&failover);
             }
+            if self.distributed {
+                distributed::check_coordinator(&mut client)?;
+            }
             if self.migrate {
-                migrate(&mut client, &self.schema, limits.is_some())?;
+                migrate(
+                    &mut client,
+                    &self.schema,
+                    limits.is_some(),
+                    self.distributed,
+                )?;
             } else {
                 check(&mut client, &self.schema, limits.is_some())?;
+                if self.distributed {
+                    distributed::check(&mut client, &self.schema)?;
+                }
             }
             if !settings.prepare_statements {
                 routines::route(&mut client, &self.schema, self.migrate, &mut sql)?;

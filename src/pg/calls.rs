@@ -10,7 +10,7 @@ use super::lock::DURABLE;
 use super::rows::{bad_count, check_row, col, millis_col, parts, pg, record_from, token_param};
 use super::sql::{Sql, VERIFY_BATCH};
 use super::typed::Query;
-use super::{PgStore, quota, replication};
+use super::{PgStore, distributed, quota, replication};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -215,12 +215,17 @@ impl Backend for PgStore {
                 let deleted = swept.deleted;
                 let chunk = (limit - deleted).min(SWEEP_STATEMENT);
                 let now = self.now_param();
-                let row = st
-                    .sweep
-                    .query_one(client, &[&now, &i64::try_from(chunk).unwrap_or(i64::MAX)])
-                    .map_err(|e| pg("sweeping expired records", e))?;
-                let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
-                let (gone, candidates) = (count(0)?, count(1)?);
+                let chunk_param = i64::try_from(chunk).unwrap_or(i64::MAX);
+                let (gone, candidates) = if let Some(distributed) = &st.distributed {
+                    distributed::sweep_once(client, distributed, now, chunk_param)?
+                } else {
+                    let row = st
+                        .sweep
+                        .query_one(client, &[&now, &chunk_param])
+                        .map_err(|e| pg("sweeping expired records", e))?;
+                    let count = |i| usize::try_from(col::<i64>(&row, i)?).map_err(bad_count);
+                    (count(0)?, count(1)?)
+                };
                 swept.deleted += gone;
                 // Fewer candidates: none left. None deleted: every one is being claimed.
                 swept.more = candidates == chunk && gone > 0;

@@ -148,8 +148,14 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 7] {
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under an advisory lock per
 /// schema, so that instances starting together apply each migration exactly once; with
-/// `track_usage` (a store with a quota) also turns quota accounting on.
-pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> Result<()> {
+/// `track_usage` (a store with a quota) also turns quota accounting on; `distributed`, the
+/// records table is made a Citus distributed table (see `distributed`).
+pub(super) fn migrate(
+    client: &mut Client,
+    schema: &str,
+    track_usage: bool,
+    distributed: bool,
+) -> Result<()> {
     const CONTEXT: &str = "migrating the PostgreSQL schema";
     let mut txn = client.transaction().map_err(|e| pg(CONTEXT, e))?;
     lock_schema(&mut txn, schema).map_err(|e| pg(CONTEXT, e))?;
@@ -216,6 +222,9 @@ pub(super) fn migrate(client: &mut Client, schema: &str, track_usage: bool) -> R
     }
     if track_usage {
         quota::track_usage(&mut txn, &format!("\"{schema}\""))?;
+    }
+    if distributed {
+        super::distributed::distribute(&mut txn, schema)?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
 }

@@ -36,6 +36,7 @@ mod builder;
 mod calls;
 mod claim;
 mod conn;
+mod distributed;
 mod effects;
 mod lock;
 mod migrations;

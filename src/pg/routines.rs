@@ -153,7 +153,7 @@ mod tests {
         let b = Query::new("SELECT $1::bigint + 1".to_owned());
         assert_ne!(name_of("x", &a), name_of("x", &b));
         assert_eq!(name_of("x", &a), name_of("x", &a));
-        for (label, query) in Sql::new("s", true).routable_mut() {
+        for (label, query) in Sql::new("s", true, false).routable_mut() {
             assert!(name_of(label, query).len() <= 63, "{label}");
         }
     }

@@ -2,9 +2,9 @@
 //! built once per store.
 
 use super::lock::{NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
-use super::quota;
 use super::rows::RECORD_COLUMNS;
 use super::typed::Query;
+use super::{distributed, quota};
 use ::postgres::Client;
 
 /// `idempotency_lock_key` (migration 2; PL/pgSQL since migration 3, cheaper since 4): the key's
@@ -51,17 +51,46 @@ pub(super) struct Sql {
     pub(super) now: Query,
     /// With a quota only.
     pub(super) quota: Option<quota::Sql>,
+    /// In the distributed mode only: the sweep's statements (in place of `sweep`).
+    pub(super) distributed: Option<distributed::Sql>,
 }
 
 impl Sql {
-    pub(super) fn new(schema: &str, quota: bool) -> Sql {
+    /// The statements for `schema`, with a quota's if `quota`, in the distributed mode's form
+    /// if `distributed` (see `distributed`).
+    pub(super) fn new(schema: &str, quota: bool, distributed: bool) -> Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         let seq = format!("\"{schema}\".idempotency_token_seq");
         let takeover_fresh = "r.expires_at <= c.now";
         // A new key's insert needs only the advisory lock: no row means no write in flight
         // that does not hold it (deletions take it too). A takeover waits out writes to the row.
-        let insert_now = after_lock(&key_lock(schema, "$2", "$3"));
+        // Citus keeps a CTE it runs on the coordinator as an intermediate result, which
+        // cannot hold the lock's `void`: the distributed mode casts it to text.
+        let void = if distributed { "::text" } else { "" };
+        let insert_now = after_lock(&format!("{}{void}", key_lock(schema, "$2", "$3")));
         let takeover_now = after_lock(&lock_function(schema, "$2", "$3"));
+        // Citus refuses a volatile function in an UPDATE's SET on a distributed table: the
+        // token is drawn in the CTE instead, which Citus evaluates on the coordinator, still
+        // after the key's lock. (One server keeps the draw in the SET, where a takeover that
+        // finds the record changed draws none.)
+        let (takeover_now, new_token) = if distributed {
+            (
+                takeover_now.replacen(
+                    " AS now, ",
+                    &format!(" AS now, nextval('{seq}') AS token, "),
+                    1,
+                ),
+                "c.token".to_owned(),
+            )
+        } else {
+            (takeover_now, format!("nextval('{seq}')"))
+        };
+        // The shell table on a Citus coordinator holds nothing: its shards' sizes are Citus's.
+        let size = if distributed {
+            "citus_total_relation_size"
+        } else {
+            "pg_total_relation_size"
+        };
         Sql {
             lock: Query::new(format!("SELECT {}", lock_function(schema, "$1", "$2"))),
             insert: Query::new(format!(
@@ -80,7 +109,7 @@ impl Sql {
             takeover: Query::new(format!(
                 "{takeover_now} UPDATE {t} AS r SET \
                  fingerprint = $4::bytea, fingerprint_version = $5::smallint, \
-                 state = 'in_progress', token = nextval('{seq}'), \
+                 state = 'in_progress', token = {new_token}, \
                  attempt = CASE WHEN {takeover_fresh} THEN 1 \
                      ELSE LEAST(r.attempt + 1, 4294967295) END, \
                  created_at = CASE WHEN {takeover_fresh} THEN c.now ELSE r.created_at END, \
@@ -108,7 +137,7 @@ impl Sql {
             )),
             release: Query::new(format!(
                 "{} DELETE FROM {t} AS r USING c WHERE {FENCE} RETURNING r.token",
-                after_lock(&key_lock(schema, "$2", "$3"))
+                after_lock(&format!("{}{void}", key_lock(schema, "$2", "$3")))
             )),
             heartbeat: Query::new(format!(
                 "{WRITE_NOW} UPDATE {t} AS r SET lease_until = c.now + $5::bigint, \
@@ -144,7 +173,7 @@ impl Sql {
                      AND r.lease_until <= c.now), \
                  count(*) FILTER (WHERE r.expires_at > c.now AND r.state = 'completed'), \
                  count(*) FILTER (WHERE r.expires_at <= c.now), \
-                 pg_total_relation_size('{t}') \
+                 {size}('{t}') \
                  FROM c LEFT JOIN {t} AS r ON true"
             )),
             verify: Query::new(format!(
@@ -159,6 +188,7 @@ impl Sql {
                 "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
             ),
             quota: quota.then(|| quota::Sql::new(schema)),
+            distributed: distributed.then(|| distributed::Sql::new(schema)),
         }
     }
 }
@@ -194,6 +224,9 @@ impl Sql {
         ];
         if let Some(quota) = &self.quota {
             all.extend(quota.all());
+        }
+        if let Some(distributed) = &self.distributed {
+            all.extend(distributed.all());
         }
         all
     }
@@ -233,6 +266,9 @@ impl Sql {
         ];
         if let Some(quota) = &mut self.quota {
             all.extend(quota.all_mut());
+        }
+        if let Some(distributed) = &mut self.distributed {
+            all.extend(distributed.all_mut());
         }
         all
     }

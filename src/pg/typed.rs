@@ -165,9 +165,16 @@ fn parameter_types(text: &str) -> Vec<Type> {
             .bytes()
             .take_while(|b| b.is_ascii_lowercase() || *b == b'_')
             .count();
-        let Some(ty) = builtin(&cast[..name_len]) else {
+        let Some(mut ty) = builtin(&cast[..name_len]) else {
             continue;
         };
+        if cast[name_len..].starts_with("[]") {
+            // The distributed sweep's key lists (`$2::text[]`).
+            let Some(array) = array_of(&ty) else {
+                continue;
+            };
+            ty = array;
+        }
         if types.len() < n {
             types.resize(n, Type::UNKNOWN);
         }
@@ -176,6 +183,11 @@ fn parameter_types(text: &str) -> Vec<Type> {
         }
     }
     types
+}
+
+/// The array of a type the statements cast a parameter to as an array.
+fn array_of(ty: &Type) -> Option<Type> {
+    (*ty == Type::TEXT).then_some(Type::TEXT_ARRAY)
 }
 
 /// The types the statements cast their parameters to.
@@ -215,8 +227,16 @@ mod tests {
     }
 
     #[test]
+    fn an_array_cast_types_its_parameter_as_an_array() {
+        let query = Query::new("SELECT $1::bigint, $2::text[], $3::text".to_owned());
+        assert_eq!(query.types, [Type::INT8, Type::TEXT_ARRAY, Type::TEXT]);
+    }
+
+    #[test]
     fn every_parameter_of_every_statement_is_typed() {
-        for query in Sql::new("s", true).all() {
+        let single = Sql::new("s", true, false);
+        let distributed = Sql::new("s", false, true);
+        for query in single.all().into_iter().chain(distributed.all()) {
             assert!(
                 !query.types.contains(&Type::UNKNOWN),
                 "a parameter without a cast: {}",

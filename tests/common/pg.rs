@@ -22,6 +22,20 @@ pub fn url() -> Option<String> {
     }
 }
 
+/// Whether the tests run on a Citus coordinator (`IDEMPOTENCY_PG_DISTRIBUTED=1`, set by
+/// `.ci/run` for its Citus step), where every store the fixtures build is distributed.
+pub fn distributed() -> bool {
+    std::env::var("IDEMPOTENCY_PG_DISTRIBUTED").is_ok_and(|v| v == "1")
+}
+
+/// `PgStore::builder()`, in the distributed mode when [`distributed`] says so: the fixtures'
+/// one way to start a store, so that the same suites run on one server and on Citus.
+pub fn builder() -> PgStoreBuilder {
+    let mut builder = PgStore::builder();
+    builder.distributed(distributed());
+    builder
+}
+
 /// `url` for a raw `postgres` client, without `PgStore`'s own option.
 pub fn raw_url(url: &str) -> String {
     url.replace(" prepare_statements=false", "")
@@ -55,7 +69,7 @@ impl Schema {
 
     /// A builder on this schema with a pool of two connections.
     pub fn store_builder(&self) -> PgStoreBuilder {
-        let mut builder = PgStore::builder();
+        let mut builder = builder();
         builder.schema(self.name.as_str()).pool_size(2);
         builder
     }

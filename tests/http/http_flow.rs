@@ -154,7 +154,7 @@ mod pg {
         admin
             .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
             .expect("drop schema");
-        let store = PgStore::builder()
+        let store = crate::common::pg::builder()
             .schema(schema.as_str())
             .lease(lease)
             .pool_size(8)

@@ -178,7 +178,7 @@ mod pg {
 
     impl Schema {
         pub fn connect(&self, threads: usize, clock: Option<&ManualClock>) -> PgStore {
-            let mut builder = PgStore::builder();
+            let mut builder = crate::common::pg::builder();
             builder
                 .schema(self.name.as_str())
                 .lease(Duration::from_millis(TIMES.lease_ms))
