@@ -98,10 +98,11 @@ pub fn documented_key_lock(
     client: &mut postgres::Client,
     schema: &str,
 ) -> idempotency_store::Result<String> {
+    // Unnamed (`query_typed`), so that it works through a transaction-pooling proxy.
     let comment: String = client
-        .query_one(
+        .query_typed_one(
             "SELECT obj_description(format('%I.idempotency_keys', $1::text)::regclass, 'pg_class')",
-            &[&schema],
+            &[(&schema, postgres::types::Type::TEXT)],
         )
         .and_then(|row| row.try_get(0))
         .map_err(|e| idempotency_store::Error::InvalidConfig {
