@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idempotency_store::client::{self, Begun, Delivery, Failure, Outbox, RetryPolicy};
-use idempotency_store::{ClaimId, Fingerprint, Response, Store};
+use idempotency_store::client::{self, Delivery, Failure, Outbox, RetryPolicy};
+use idempotency_store::{Claim, ClaimId, Fingerprint, Response, Store};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -71,7 +71,7 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
     let outbox = Outbox::new(Arc::new(Store::open(&args.db)?));
     for n in 1..=args.payments {
         let id = format!("{}-{n}", args.prefix);
-        if let Begun::Open(intent) = outbox.begin(&id, fingerprint(&body(&id)))? {
+        if let Claim::Acquired(intent) = outbox.begin(&id, fingerprint(&body(&id)))? {
             println!("queued {id} key={}", intent.key());
         }
     }
@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> Result<(), BoxError> {
 /// Sends one queued payment; `false` if the server could not be reached.
 fn flush(outbox: &Outbox, agent: &ureq::Agent, args: &Args, id: &str) -> Result<bool, BoxError> {
     let body = body(id);
-    let Begun::Open(mut intent) = outbox.begin(id, fingerprint(&body))? else {
+    let Claim::Acquired(mut intent) = outbox.begin(id, fingerprint(&body))? else {
         return Ok(true); // finished meanwhile
     };
     crash_point("after-begin");

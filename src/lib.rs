@@ -172,7 +172,7 @@ mod store;
 pub use crate::api::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use crate::api::fingerprint::Fingerprint;
 pub use crate::api::key::Key;
-pub use crate::api::outcome::{Claim, ClaimId, Lease, Outcome, RecordState, RecordView, Replay};
+pub use crate::api::outcome::{Claim, ClaimId, Lease, RecordState, RecordView, Replay};
 pub use crate::api::response::Response;
 pub use crate::api::settings::{Settings, WhenFull};
 pub use crate::api::store::IdempotencyStore;

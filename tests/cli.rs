@@ -1661,7 +1661,8 @@ fn a_quoted_key_gets_a_hint_about_the_quotes() {
 /// sent once with no answer; then a server-side record `srv-1`, in progress. Returns the path
 /// and the keys `pos-4` and `pos-5` carry.
 fn outbox_fixture(dir: &Path) -> (PathBuf, String, String) {
-    use idempotency_store::client::{Begun, Outbox, Sent};
+    use idempotency_store::Claim;
+    use idempotency_store::client::{Outbox, Sent};
 
     let path = dir.join("device.redb");
     let store = Store::builder()
@@ -1672,7 +1673,7 @@ fn outbox_fixture(dir: &Path) -> (PathBuf, String, String) {
     let outbox = Outbox::new(std::sync::Arc::clone(&store));
     let fp = Fingerprint::of(["POST /payments", r#"{"amount":4999}"#]);
     let open = |id: &str| match outbox.begin(id, fp).expect("begin") {
-        Begun::Open(intent) => intent,
+        Claim::Acquired(intent) => intent,
         other => panic!("{id} not open: {other:?}"),
     };
     let mut done = open("pos-6");

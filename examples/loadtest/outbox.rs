@@ -1,7 +1,7 @@
 //! The client's outbox as a system under test: a pair is `begin` of a fresh operation and `finish`.
 
-use idempotency_store::Response;
-use idempotency_store::client::{Begun, Outbox};
+use idempotency_store::client::Outbox;
+use idempotency_store::{Claim, Response};
 
 use crate::Res;
 use crate::systems::{Client, Fresh, System, fresh_for};
@@ -32,7 +32,7 @@ impl Client for OutboxClient<'_> {
     fn pair(&mut self) -> Res<()> {
         let name = self.fresh.next();
         match self.sys.outbox.begin(&name, fingerprint_of(&name)) {
-            Ok(Begun::Open(intent)) => self
+            Ok(Claim::Acquired(intent)) => self
                 .sys
                 .outbox
                 .finish(&intent, Response::new(200, self.sys.body.clone()))

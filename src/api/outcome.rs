@@ -8,8 +8,10 @@ use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::response::Response;
 
-/// The outcome of [`IdempotencyStore::claim`](crate::IdempotencyStore::claim). Every variant is an expected answer;
-/// match all of them.
+/// The answer to a first-writer-wins claim: from [`IdempotencyStore::claim`](crate::IdempotencyStore::claim)
+/// (holding a [`Lease`]), from [`IdempotencyStore::execute`](crate::IdempotencyStore::execute)
+/// (holding what the operation returned, having run it) and from the client's `Outbox::begin`
+/// (holding an `Intent`, feature `client`). Every variant is an expected answer; match all of them.
 ///
 /// | variant | meaning | what an HTTP service does |
 /// |---|---|---|
@@ -18,14 +20,19 @@ use crate::api::response::Response;
 /// | `Completed` | it already ran | replay the stored response |
 /// | `Mismatch` | the key was used for a different request | 422; never replay, never run |
 ///
+/// `H` is what the winner holds: one type for the four answers, whoever asks.
+/// `Claim<Result<Response, E>>` from `execute`: `Acquired(Ok(response))` ran now and stored
+/// `response`; `Acquired(Err(e))` ran and failed with `e`, and the key was released so that a
+/// retry runs afresh.
+///
 /// Deliberately not `#[non_exhaustive]`: a new kind of answer would change what callers must
 /// do, so their `match` should stop compiling rather than fall into a wildcard arm. (The types
 /// it carries can grow: [`Replay`] is `#[non_exhaustive]`.)
 #[must_use = "a claim says whether the caller may run the operation"]
 #[derive(Debug)]
-pub enum Claim {
-    /// The caller holds the key: run the operation, then settle the lease.
-    Acquired(Lease),
+pub enum Claim<H = Lease> {
+    /// The caller holds the key: run the operation, then settle it.
+    Acquired(H),
     /// Another attempt holds the key.
     InProgress {
         /// When that attempt's lease lapses (a takeover becomes possible then).
@@ -42,7 +49,7 @@ pub enum Claim {
     },
 }
 
-impl Claim {
+impl Claim<Lease> {
     /// The answer once the call is about to return at `now`: a lease that has already lapsed
     /// (the write took longer than the lease) is not handed out; the caller hears
     /// [`Claim::InProgress`] with that lease's deadline, exactly as if another caller had won,
@@ -258,31 +265,6 @@ pub struct Replay {
     pub expires_at: Timestamp,
     /// The attempt that completed it.
     pub attempt: u32,
-}
-
-/// The result of [`IdempotencyStore::execute`](crate::IdempotencyStore::execute).
-#[must_use = "the outcome says whether the operation ran"]
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Outcome<E> {
-    /// The closure ran and its response was stored.
-    Executed(Response),
-    /// An earlier attempt completed; this is its response.
-    Replayed(Replay),
-    /// Another attempt holds the key.
-    InProgress {
-        /// When that attempt's lease lapses.
-        lease_until: Timestamp,
-        /// That attempt's number.
-        attempt: u32,
-    },
-    /// The key is stored with a different request fingerprint.
-    Mismatch {
-        /// The fingerprint stored with the key.
-        stored: Fingerprint,
-    },
-    /// The closure failed; the key was released so a retry runs afresh.
-    Failed(E),
 }
 
 /// A record as [`IdempotencyStore::lookup`](crate::IdempotencyStore::lookup) sees it.

@@ -11,7 +11,7 @@ use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
 use crate::api::metrics::{Call, Metrics};
 use crate::api::nonblocking::{AsyncStore, Counted};
-use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, Outcome, RecordView, Replay};
+use crate::api::outcome::{Claim, ClaimId, ForceRelease, Lease, RecordView, Replay};
 use crate::api::records::Records;
 use crate::api::report::{Stats, VerifyReport};
 use crate::api::response::Response;
@@ -34,17 +34,16 @@ mod sealed {
 /// opened:
 ///
 /// ```
-/// use idempotency_store::{Fingerprint, IdempotencyStore, Key, Outcome, Response, Store};
+/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Store};
 ///
 /// fn charge(store: &impl IdempotencyStore, key: &Key) -> idempotency_store::Result<u16> {
 ///     let fp = Fingerprint::of(["POST", "/payments", "4999"]);
 ///     Ok(match store.execute(key, fp, |_| Ok::<_, ()>(Response::new(201, "charged")))? {
-///         Outcome::Executed(response) => response.status,
-///         Outcome::Replayed(replay) => replay.response.status,
-///         Outcome::InProgress { .. } => 409,
-///         Outcome::Mismatch { .. } => 422,
-///         Outcome::Failed(()) => 502,
-///         _ => 500, // `Outcome` is non-exhaustive
+///         Claim::Acquired(Ok(response)) => response.status,
+///         Claim::Acquired(Err(())) => 502,
+///         Claim::Completed(replay) => replay.response.status,
+///         Claim::InProgress { .. } => 409,
+///         Claim::Mismatch { .. } => 422,
 ///     })
 /// }
 ///
@@ -387,17 +386,21 @@ pub trait IdempotencyStore: sealed::Sealed + Send + Sync {
     /// completion. A live operation keeps its key however long it runs (a heartbeat extends
     /// its lease). A response larger than `max_response_bytes` is replaced by
     /// [`Response::not_stored`] (a 500 problem that every retry replays; the operation is not
-    /// run again), which [`Outcome::Executed`] then carries.
+    /// run again), which [`Claim::Acquired`] then carries.
+    ///
+    /// The answer is a [`Claim`] whose winner holds what the operation returned:
+    /// `Acquired(Ok(response))` (ran now; `response` stored), `Acquired(Err(e))` (ran and
+    /// failed; the key released), or the claim's other answers, with nothing run.
     ///
     /// ```
-    /// use idempotency_store::{Fingerprint, IdempotencyStore, Key, Outcome, Response, Store};
+    /// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Store};
     ///
     /// let store = Store::builder().open_in_memory()?;
     /// let key = Key::new("sms-7")?;
     /// let fp = Fingerprint::of(["send", "+15550100", "hello"]);
     /// let send = |_: &mut _| Ok::<_, std::io::Error>(Response::new(200, "sent"));
-    /// assert!(matches!(store.execute(&key, fp, send)?, Outcome::Executed(_)));
-    /// assert!(matches!(store.execute(&key, fp, send)?, Outcome::Replayed(_)));
+    /// assert!(matches!(store.execute(&key, fp, send)?, Claim::Acquired(Ok(_))));
+    /// assert!(matches!(store.execute(&key, fp, send)?, Claim::Completed(_)));
     /// # Ok::<(), idempotency_store::Error>(())
     /// ```
     ///
@@ -406,7 +409,12 @@ pub trait IdempotencyStore: sealed::Sealed + Send + Sync {
     /// [`complete`](IdempotencyStore::complete). If `operation` fails and releasing the key
     /// then fails with a storage error, that error is returned (the key then stays in progress
     /// until its lease lapses).
-    fn execute<E, F>(&self, key: &Key, fingerprint: Fingerprint, operation: F) -> Result<Outcome<E>>
+    fn execute<E, F>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        operation: F,
+    ) -> Result<Claim<std::result::Result<Response, E>>>
     where
         Self: Sized,
         F: FnOnce(&mut Lease) -> Result<Response, E>,
@@ -565,13 +573,13 @@ pub(crate) fn counted_sweep<B: Backend + ?Sized>(
 /// lease), so a lost answer neither blocks the key nor runs the operation twice.
 ///
 /// ```
-/// use idempotency_store::{Fingerprint, IdempotencyStore, Key, Outcome, Response, Store};
+/// use idempotency_store::{Claim, Fingerprint, IdempotencyStore, Key, Response, Store};
 ///
 /// let store: Box<dyn IdempotencyStore> = Box::new(Store::builder().open_in_memory()?);
 /// let key = Key::new("sms-8")?;
 /// let send = |_: &mut _| Ok::<_, ()>(Response::new(200, "sent"));
 /// let outcome = idempotency_store::execute(&*store, &key, Fingerprint::of(["hi"]), send)?;
-/// assert!(matches!(outcome, Outcome::Executed(_)));
+/// assert!(matches!(outcome, Claim::Acquired(Ok(_))));
 /// # Ok::<(), idempotency_store::Error>(())
 /// ```
 ///
@@ -582,7 +590,7 @@ pub fn execute<S, E, F>(
     key: &Key,
     fingerprint: Fingerprint,
     operation: F,
-) -> Result<Outcome<E>>
+) -> Result<Claim<std::result::Result<Response, E>>>
 where
     S: IdempotencyStore + ?Sized,
     F: FnOnce(&mut Lease) -> Result<Response, E>,
@@ -590,17 +598,17 @@ where
     let id = ClaimId::random();
     let mut lease = match once_more(|| store.claim_with_id(key, fingerprint, id))? {
         Claim::Acquired(lease) => lease,
-        Claim::Completed(replay) => return Ok(Outcome::Replayed(replay)),
+        Claim::Completed(replay) => return Ok(Claim::Completed(replay)),
         Claim::InProgress {
             lease_until,
             attempt,
         } => {
-            return Ok(Outcome::InProgress {
+            return Ok(Claim::InProgress {
                 lease_until,
                 attempt,
             });
         }
-        Claim::Mismatch { stored } => return Ok(Outcome::Mismatch { stored }),
+        Claim::Mismatch { stored } => return Ok(Claim::Mismatch { stored }),
     };
     // A live operation keeps its key, however long it runs: only a dead one's lease lapses.
     let now = store.now().unwrap_or_else(|_| {
@@ -613,9 +621,9 @@ where
     let done =
         crate::api::heartbeat::run_beating(&extend, twin, period, &|| {}, || operation(&mut lease));
     match done {
-        Ok(response) => store_answer(store, &lease, response).map(Outcome::Executed),
+        Ok(response) => store_answer(store, &lease, response).map(|r| Claim::Acquired(Ok(r))),
         Err(err) => match once_more(|| store.release(&lease)) {
-            Ok(()) | Err(Error::LeaseLost) => Ok(Outcome::Failed(err)),
+            Ok(()) | Err(Error::LeaseLost) => Ok(Claim::Acquired(Err(err))),
             Err(other) => Err(other),
         },
     }

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::outcome::Lease;
-use crate::api::response::Response;
 use crate::error::{Error, Result};
 
 /// What one send came to, as recorded.
@@ -72,22 +71,6 @@ impl Intent {
     pub fn begun_at(&self) -> Timestamp {
         Timestamp::from_millis(self.state.begun_at)
     }
-}
-
-/// What [`Outbox::begin`](super::Outbox::begin) found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Begun {
-    /// Not finished: send it (again) with its key.
-    Open(Intent),
-    /// Finished earlier, with this answer: do not send again.
-    Finished(Response),
-    /// This operation id was begun for another request (another fingerprint): the caller
-    /// changed the request, or reused the id. Nothing was sent for it.
-    Mismatch {
-        /// The fingerprint it was begun with.
-        stored: Fingerprint,
-    },
 }
 
 /// An unfinished intent, as [`Outbox::pending`](super::Outbox::pending) lists it.

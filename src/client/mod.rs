@@ -10,9 +10,9 @@
 //!
 //! 1. [`Outbox::begin`]`(operation_id, fingerprint)` mints a key (UUID v4) and stores it
 //!    durably before it returns; every later call (same process or after a restart) returns
-//!    the same key and the sends so far, or [`Begun::Finished`] with the stored answer, so a
+//!    the same key and the sends so far, or [`Claim::Completed`](crate::Claim::Completed) with the stored answer, so a
 //!    finished operation is never sent again. Another fingerprint under the same operation id
-//!    is [`Begun::Mismatch`].
+//!    is [`Claim::Mismatch`](crate::Claim::Mismatch).
 //! 2. [`Outbox::send`] sends with a closure you give it (any HTTP client), retrying with the
 //!    same key under a [`RetryPolicy`] (backoff with full jitter, `Retry-After`, bounded
 //!    attempts and time) and records every send before and after it goes out; on a final
@@ -21,20 +21,20 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use idempotency_store::client::{Begun, Outbox};
-//! use idempotency_store::{Fingerprint, Response, Store};
+//! use idempotency_store::client::Outbox;
+//! use idempotency_store::{Claim, Fingerprint, Response, Store};
 //!
 //! let store = Arc::new(Store::builder().open_in_memory()?);
 //! let outbox = Outbox::new(Arc::clone(&store));
 //! let fp = Fingerprint::of(["POST /payments", r#"{"amount":4999}"#]);
-//! let Begun::Open(intent) = outbox.begin("sale-1001", fp)? else { unreachable!() };
+//! let Claim::Acquired(intent) = outbox.begin("sale-1001", fp)? else { unreachable!() };
 //! let key = intent.key().to_owned(); // on disk already: send it as `Idempotency-Key`
 //! // ... the device reboots here; at boot:
 //! assert_eq!(outbox.pending()?[0].key, key);
-//! let Begun::Open(resumed) = outbox.begin("sale-1001", fp)? else { unreachable!() };
+//! let Claim::Acquired(resumed) = outbox.begin("sale-1001", fp)? else { unreachable!() };
 //! assert_eq!(resumed.key(), key); // the same key, never a fresh one
 //! outbox.finish(&resumed, Response::new(201, r#"{"id":"pay_1"}"#))?;
-//! assert!(matches!(outbox.begin("sale-1001", fp)?, Begun::Finished(r) if r.status == 201));
+//! assert!(matches!(outbox.begin("sale-1001", fp)?, Claim::Completed(r) if r.response.status == 201));
 //! assert!(outbox.pending()?.is_empty());
 //! # Ok::<(), idempotency_store::Error>(())
 //! ```
@@ -61,6 +61,6 @@ mod retry;
 #[cfg_attr(docsrs, doc(cfg(feature = "ureq")))]
 pub mod ureq;
 
-pub use self::intent::{Attempt, Begun, Intent, Pending, Sent};
+pub use self::intent::{Attempt, Intent, Pending, Sent};
 pub use self::outbox::{Outbox, SCOPE};
 pub use self::retry::{Delivery, Failure, RetryPolicy};

@@ -7,7 +7,7 @@ use crate::api::key::Key;
 use crate::api::outcome::{Claim, ClaimId, RecordState, RecordView};
 use crate::api::response::Response;
 use crate::api::store::IdempotencyStore;
-use crate::client::intent::{Begun, Intent, Pending, Sent, State};
+use crate::client::intent::{Intent, Pending, Sent, State};
 use crate::error::{Error, Result};
 use crate::store::Store;
 
@@ -40,13 +40,16 @@ impl Outbox {
     /// Begins the operation `operation_id` (the caller's own id of it: an order number, a
     /// queue entry) or finds it begun. The first call mints a key (UUID v4) and stores it
     /// durably before it returns; every later call, in this process or after a restart,
-    /// returns the same key and the sends so far, or [`Begun::Finished`] once the operation
-    /// is finished. `fingerprint` is the request's: the same id with another fingerprint is
-    /// [`Begun::Mismatch`].
+    /// returns the same key and the sends so far ([`Claim::Acquired`] with the [`Intent`]), or
+    /// [`Claim::Completed`] with the stored answer once the operation is finished.
+    /// `fingerprint` is the request's: the same id with another fingerprint is
+    /// [`Claim::Mismatch`]. [`Claim::InProgress`] means that a claim made without the outbox
+    /// holds the intent's record (only the outbox claims keys of the scope [`SCOPE`]): an
+    /// operator's `force_release` of it, or its lapse, ends that.
     ///
     /// # Errors
     /// [`Error::InvalidKey`] if `operation_id` is not a valid key; the store's errors.
-    pub fn begin(&self, operation_id: &str, fingerprint: Fingerprint) -> Result<Begun> {
+    pub fn begin(&self, operation_id: &str, fingerprint: Fingerprint) -> Result<Claim<Intent>> {
         self.begin_as(operation_id, fingerprint, None)
     }
 
@@ -61,7 +64,7 @@ impl Outbox {
         operation_id: &str,
         fingerprint: Fingerprint,
         key: &str,
-    ) -> Result<Begun> {
+    ) -> Result<Claim<Intent>> {
         Key::new(key)?;
         self.begin_as(operation_id, fingerprint, Some(key))
     }
@@ -71,7 +74,7 @@ impl Outbox {
         operation_id: &str,
         fingerprint: Fingerprint,
         key: Option<&str>,
-    ) -> Result<Begun> {
+    ) -> Result<Claim<Intent>> {
         let record = Key::scoped(SCOPE, operation_id)?;
         let minted = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
         let seed = State::new(minted, self.store.now()?);
@@ -89,20 +92,21 @@ impl Outbox {
                         seed
                     }
                 };
-                Ok(Begun::Open(Intent {
+                Ok(Claim::Acquired(Intent {
                     operation_id: operation_id.to_owned(),
                     fingerprint,
                     state,
                     lease,
                 }))
             }
-            Claim::Completed(replay) => Ok(Begun::Finished(replay.response)),
-            Claim::Mismatch { stored } => Ok(Begun::Mismatch { stored }),
-            Claim::InProgress { .. } => Err(Error::InvalidConfig {
-                reason: format!(
-                    "the intent {operation_id:?} is held by a claim that is not the outbox's: \
-                     only the outbox may claim keys of the scope {SCOPE:?}"
-                ),
+            Claim::Completed(replay) => Ok(Claim::Completed(replay)),
+            Claim::Mismatch { stored } => Ok(Claim::Mismatch { stored }),
+            Claim::InProgress {
+                lease_until,
+                attempt,
+            } => Ok(Claim::InProgress {
+                lease_until,
+                attempt,
             }),
         }
     }
@@ -129,7 +133,7 @@ impl Outbox {
     }
 
     /// Finishes the intent with the server's final `answer`, durably: from then on
-    /// [`begin`](Outbox::begin) returns [`Begun::Finished`] with it, and the intent is no
+    /// [`begin`](Outbox::begin) returns [`Claim::Completed`] with it, and the intent is no
     /// longer [`pending`](Outbox::pending).
     ///
     /// # Errors

@@ -198,11 +198,11 @@ impl Outbox {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use idempotency_store::client::{Begun, Delivery, Failure, Outbox, RetryPolicy};
-    /// use idempotency_store::{Fingerprint, Response, Store};
+    /// use idempotency_store::client::{Delivery, Failure, Outbox, RetryPolicy};
+    /// use idempotency_store::{Claim, Fingerprint, Response, Store};
     ///
     /// let outbox = Outbox::new(Arc::new(Store::builder().open_in_memory()?));
-    /// let Begun::Open(mut intent) = outbox.begin("order-42", Fingerprint::of(["4999"]))? else {
+    /// let Claim::Acquired(mut intent) = outbox.begin("order-42", Fingerprint::of(["4999"]))? else {
     ///     return Ok(()); // finished before: nothing to send
     /// };
     /// let policy = RetryPolicy::new().backoff(std::time::Duration::ZERO, std::time::Duration::ZERO);
@@ -214,7 +214,7 @@ impl Outbox {
     /// })?;
     /// assert!(matches!(delivery, Delivery::Answered(r) if r.status == 201));
     /// assert_eq!(sends, 2);
-    /// assert!(matches!(outbox.begin("order-42", Fingerprint::of(["4999"]))?, Begun::Finished(_)));
+    /// assert!(matches!(outbox.begin("order-42", Fingerprint::of(["4999"]))?, Claim::Completed(_)));
     /// # Ok::<(), idempotency_store::Error>(())
     /// ```
     ///

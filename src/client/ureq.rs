@@ -15,8 +15,8 @@ use crate::client::retry::Failure;
 /// ```no_run
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use idempotency_store::client::{self, Begun, Outbox, RetryPolicy};
-/// use idempotency_store::{Fingerprint, Store};
+/// use idempotency_store::client::{self, Outbox, RetryPolicy};
+/// use idempotency_store::{Claim, Fingerprint, Store};
 ///
 /// let agent: ureq::Agent = ureq::Agent::config_builder()
 ///     .timeout_global(Some(Duration::from_secs(5)))
@@ -25,7 +25,7 @@ use crate::client::retry::Failure;
 ///     .into();
 /// let outbox = Outbox::new(Arc::new(Store::open("device.redb")?));
 /// let body = br#"{"amount":4999,"currency":"usd","customerId":"kiosk-7"}"#;
-/// if let Begun::Open(mut intent) = outbox.begin("sale-1001", Fingerprint::of([&body[..]]))? {
+/// if let Claim::Acquired(mut intent) = outbox.begin("sale-1001", Fingerprint::of([&body[..]]))? {
 ///     let call = client::ureq::sender(&agent, "POST", "http://127.0.0.1:8080/payments", body, &[]);
 ///     let delivery = outbox.send(&mut intent, &RetryPolicy::new(), call)?;
 ///     println!("{delivery:?}");

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_store::IdempotencyStore;
-use idempotency_store::client::{Begun, Delivery, Failure, Intent, Outbox, RetryPolicy, Sent};
-use idempotency_store::{Fingerprint, ManualClock, Response, Result, Store, Timestamp};
+use idempotency_store::client::{Delivery, Failure, Intent, Outbox, RetryPolicy, Sent};
+use idempotency_store::{Claim, Fingerprint, ManualClock, Response, Result, Store, Timestamp};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -21,9 +21,9 @@ fn outbox(clock: &ManualClock) -> Result<Outbox> {
     Ok(Outbox::new(Arc::new(store)))
 }
 
-fn open(begun: Begun) -> Intent {
+fn open(begun: Claim<Intent>) -> Intent {
     match begun {
-        Begun::Open(intent) => intent,
+        Claim::Acquired(intent) => intent,
         other => panic!("expected an open intent, got {other:?}"),
     }
 }
@@ -64,7 +64,9 @@ fn the_key_and_the_sends_survive_a_reopen() -> Result<()> {
     outbox.finish(&intent, Response::new(201, "paid"))?;
     drop(outbox);
     let outbox = Outbox::new(Arc::new(Store::open(&path)?));
-    assert!(matches!(outbox.begin("sale-1", fp("4999"))?, Begun::Finished(r) if r.body == b"paid"));
+    assert!(
+        matches!(outbox.begin("sale-1", fp("4999"))?, Claim::Completed(r) if r.response.body == b"paid")
+    );
     assert!(outbox.pending()?.is_empty());
     Ok(())
 }
@@ -83,7 +85,7 @@ fn begin_returns_the_same_key_and_refuses_another_request() -> Result<()> {
     assert_eq!(first.key(), again.key());
     assert!(matches!(
         outbox.begin("sale-2", fp("5000"))?,
-        Begun::Mismatch { stored } if stored == fp("4999")
+        Claim::Mismatch { stored } if stored == fp("4999")
     ));
     // Another operation gets another key; the caller's own key is kept.
     assert_ne!(open(outbox.begin("sale-3", fp("4999"))?).key(), first.key());
@@ -170,7 +172,7 @@ fn send_retries_with_the_same_key_and_honours_retry_after() -> Result<()> {
     );
     assert!(matches!(
         outbox.begin("sale-6", fp("1"))?,
-        Begun::Finished(_)
+        Claim::Completed(_)
     ));
     Ok(())
 }
@@ -188,7 +190,7 @@ fn send_stops_on_final_answers_422_and_its_bounds() -> Result<()> {
         let mut intent = open(outbox.begin(id, fp(id))?);
         let delivery = outbox.send(&mut intent, &policy, once(status))?;
         assert!(matches!(delivery, Delivery::Answered(r) if r.status == status));
-        assert!(matches!(outbox.begin(id, fp(id))?, Begun::Finished(_)));
+        assert!(matches!(outbox.begin(id, fp(id))?, Claim::Completed(_)));
     }
     // 422: the caller changed the request. Surfaced, not retried, not finished.
     let mut intent = open(outbox.begin("f422", fp("x"))?);
@@ -199,7 +201,7 @@ fn send_stops_on_final_answers_422_and_its_bounds() -> Result<()> {
     })?;
     assert!(matches!(delivery, Delivery::KeyReused(_)));
     assert_eq!(calls, 1);
-    assert!(matches!(outbox.begin("f422", fp("x"))?, Begun::Open(_)));
+    assert!(matches!(outbox.begin("f422", fp("x"))?, Claim::Acquired(_)));
 
     // 500 retried when configured; attempts bounded per call.
     let mut intent = open(outbox.begin("r500", fp("r"))?);

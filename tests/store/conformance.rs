@@ -12,8 +12,8 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, Clock, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, Outcome,
-    RecordState, Response, Result, Store, Timestamp,
+    Claim, Clock, Error, Fingerprint, IdempotencyStore, Key, Lease, ManualClock, RecordState,
+    Response, Result, Store, Timestamp,
 };
 use proptest::prelude::*;
 
@@ -670,7 +670,7 @@ fn execute_runs_once_and_releases_on_error<S: IdempotencyStore>(open: Factory<S>
     let (store, _) = open(&Settings::default())?;
     let key = Key::new("k")?;
     let failed = store.execute(&key, fp("a"), |_| Err::<Response, _>("downstream down"))?;
-    assert!(matches!(failed, Outcome::Failed("downstream down")));
+    assert!(matches!(failed, Claim::Acquired(Err("downstream down"))));
     assert_eq!(
         store.lookup(&key)?,
         None,
@@ -685,12 +685,12 @@ fn execute_runs_once_and_releases_on_error<S: IdempotencyStore>(open: Factory<S>
         })?;
         assert!(matches!(
             outcome,
-            Outcome::Executed(_) | Outcome::Replayed(_)
+            Claim::Acquired(Ok(_)) | Claim::Completed(_)
         ));
     }
     assert_eq!(runs, 1);
     let mismatch = store.execute(&key, fp("other"), |_| Ok::<_, ()>(Response::default()))?;
-    assert!(matches!(mismatch, Outcome::Mismatch { stored } if stored == fp("a")));
+    assert!(matches!(mismatch, Claim::Mismatch { stored } if stored == fp("a")));
     Ok(())
 }
 
@@ -711,11 +711,11 @@ fn execute_works_through_a_trait_object<S: IdempotencyStore + 'static>(
             .map_err(|e| e.to_string())?;
         Ok::<_, String>(Response::new(200, "ok"))
     })?;
-    assert!(matches!(outcome, Outcome::Executed(r) if r.body == b"ok"));
+    assert!(matches!(outcome, Claim::Acquired(Ok(r)) if r.body == b"ok"));
     let replay = idempotency_store::execute(&*store, &key, fp("a"), |_| {
         Err::<Response, _>("must not run")
     })?;
-    assert!(matches!(replay, Outcome::Replayed(r) if r.response.body == b"ok"));
+    assert!(matches!(replay, Claim::Completed(r) if r.response.body == b"ok"));
     Ok(())
 }
 
@@ -730,7 +730,7 @@ fn execute_reports_in_progress_without_running<S: IdempotencyStore>(
     })?;
     assert!(matches!(
         outcome,
-        Outcome::InProgress { attempt: 1, lease_until } if lease_until == at(60_000)
+        Claim::InProgress { attempt: 1, lease_until } if lease_until == at(60_000)
     ));
     Ok(())
 }

@@ -359,11 +359,10 @@ fn scopes_are_isolated() -> Result<()> {
 
 #[test]
 fn execute_runs_once_and_releases_on_error() -> Result<()> {
-    use idempotency_store::Outcome;
     let (store, _) = store()?;
     let key = Key::new("k")?;
     let failed = store.execute(&key, fp("a"), |_| Err::<Response, _>("downstream down"))?;
-    assert!(matches!(failed, Outcome::Failed("downstream down")));
+    assert!(matches!(failed, Claim::Acquired(Err("downstream down"))));
     assert_eq!(
         store.lookup(&key)?,
         None,
@@ -378,12 +377,12 @@ fn execute_runs_once_and_releases_on_error() -> Result<()> {
         })?;
         assert!(matches!(
             outcome,
-            Outcome::Executed(_) | Outcome::Replayed(_)
+            Claim::Acquired(Ok(_)) | Claim::Completed(_)
         ));
     }
     assert_eq!(runs, 1);
     let mismatch = store.execute(&key, fp("other"), |_| Ok::<_, ()>(Response::default()))?;
-    assert!(matches!(mismatch, Outcome::Mismatch { .. }));
+    assert!(matches!(mismatch, Claim::Mismatch { .. }));
     Ok(())
 }
 

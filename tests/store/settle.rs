@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, ManualClock, Outcome, Response,
-    Result, Store, Timestamp,
+    Claim, ClaimId, Error, Fingerprint, IdempotencyStore, Key, ManualClock, Response, Result,
+    Store, Timestamp,
 };
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -127,7 +127,7 @@ fn execute_keeps_an_oversize_answer_out<S: IdempotencyStore>(
         runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok::<_, ()>(Response::new(201, vec![b'x'; limit + 1]))
     };
-    let Outcome::Executed(stored) = store.execute(&key, fp(), big)? else {
+    let Claim::Acquired(Ok(stored)) = store.execute(&key, fp(), big)? else {
         panic!("not executed");
     };
     assert_eq!(stored.status, 500);
@@ -135,7 +135,7 @@ fn execute_keeps_an_oversize_answer_out<S: IdempotencyStore>(
     for _ in 0..3 {
         clock.advance(LEASE);
         match store.execute(&key, fp(), big)? {
-            Outcome::Replayed(replay) => assert_eq!(replay.response, stored),
+            Claim::Completed(replay) => assert_eq!(replay.response, stored),
             other => panic!("expected the substitute replayed, got {other:?}"),
         }
     }
