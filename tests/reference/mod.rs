@@ -19,7 +19,7 @@
 //! fuzz entry point [`run_ops`] turns a failure into a panic, which libFuzzer reports.
 //!
 //! The step machinery works on any [`IdempotencyStore`] backend ([`run_steps`]), so the
-//! conformance suite (`tests/store/conformance.rs`) runs the same sequences against PostgreSQL.
+//! conformance suite (`tests/store/conformance/`) runs the same sequences against PostgreSQL.
 
 // Each including crate uses a different part of this module.
 #![allow(dead_code)]
