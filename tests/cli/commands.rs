@@ -1,9 +1,10 @@
 //! Each subcommand on a store file: `stats`, `get`, `list`, `release`, `sweep`, `verify` and
 //! `export`, in text and `--json` output, with their exit codes.
 
-use super::{claim, cli, expect, fixture, json, p, verify_with_library};
 use idempotency_store::{IdempotencyStore, Key, Store};
 use serde_json::Value;
+
+use super::{claim, cli, expect, fixture, json, p, verify_with_library};
 
 #[test]
 fn stats_counts_each_state() {

@@ -1,8 +1,9 @@
 //! `release` and `sweep` on a file an application left with its own effect rows: the rows stay
 //! for its next open, and a failing call leaves the file byte-identical.
 
-use super::{LEDGER, checksum, cli, crashed_with_effects, expect, json, json_error, p};
 use idempotency_store::{Error, IdempotencyStore, Key, Store};
+
+use super::{LEDGER, checksum, cli, crashed_with_effects, expect, json, json_error, p};
 
 #[test]
 fn release_and_sweep_keep_the_applications_effect_rows_for_its_next_open() {

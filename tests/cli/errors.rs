@@ -4,8 +4,9 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::{BIN, cli, expect, fixture, json_error, p};
 use idempotency_store::Store;
+
+use super::{BIN, cli, expect, fixture, json_error, p};
 
 #[test]
 fn errors_under_json_are_one_json_line_with_a_kind() {

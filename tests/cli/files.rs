@@ -1,9 +1,10 @@
 //! Missing, busy, foreign, truncated and damaged files: one clear error line, never a panic,
 //! never a file created.
 
-use super::{cli, expect, fixture, json, p};
 use idempotency_store::Store;
 use serde_json::Value;
+
+use super::{cli, expect, fixture, json, p};
 
 #[test]
 fn a_missing_file_is_reported_and_never_created() {

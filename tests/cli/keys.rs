@@ -1,7 +1,8 @@
 //! `list`'s long keys and `get`'s quoted keys.
 
-use super::{claim, expect, fixture, json, p};
 use idempotency_store::{Key, Store};
+
+use super::{claim, expect, fixture, json, p};
 
 #[test]
 fn list_cuts_long_keys_unless_full() {

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use super::claim;
 use idempotency_store::{IdempotencyStore, Key, ManualClock, Response, Store, Timestamp};
+
+use super::claim;
 
 #[test]
 fn force_release_deletes_only_in_progress_records_and_keeps_the_store_consistent() {

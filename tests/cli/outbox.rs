@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{checksum, claim, expect, fixture, json, json_error, p};
 use idempotency_store::{Fingerprint, Key, Response, Store};
+
+use super::{checksum, claim, expect, fixture, json, json_error, p};
 
 /// A store file a point-of-sale device's `Outbox` wrote, in real time and with a lease of
 /// 300 ms that has lapsed by the time the CLI looks (what `stats` once counted as stuck). In

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 
-use super::{LEASE_MS, RETENTION_MS, Ties, fingerprint, key, ts};
 use idempotency_store::{Fingerprint, Key, RecordState, RecordView, Replay, Response, Timestamp};
+
+use super::{LEASE_MS, RETENTION_MS, Ties, fingerprint, key, ts};
 
 #[derive(Debug, Clone)]
 pub struct MRec {

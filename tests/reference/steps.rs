@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
+use idempotency_store::{Claim, Error, IdempotencyStore, Lease, ManualClock, Store, StoreBuilder};
+
 use super::{
     Counts, FINGERPRINTS, Failure, LEASE_MS, LeaseLost, Model, Outcome, RETENTION_MS, SEQ_KEYS,
     Shape, T0, Ties, ViewShape, checkpoint_data, fingerprint, key, response, sweep_models, ts,
 };
-use idempotency_store::{Claim, Error, IdempotencyStore, Lease, ManualClock, Store, StoreBuilder};
 
 /// One call. `key` indexes the caller's keys; `lease` picks one of the leases the caller has
 /// acquired so far (settled or taken over ones included), modulo their number.
