@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use idempotency_store::IdempotencyStore;
 use idempotency_store::http::HandleOptions;
+use idempotency_store::{IdempotencyStore, Store};
 use parking_lot::Mutex;
 
 /// What `POST /payments` does, whichever framework serves it: counts its runs, takes
@@ -89,6 +89,24 @@ pub const ACTIX: Adapter = Adapter {
     name: "actix-web middleware",
     start: actix::start,
 };
+
+/// The payment every test posts unless it needs another.
+pub const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
+
+/// Starts `adapter`'s server for `handler` over `store`.
+pub fn start(
+    adapter: &Adapter,
+    store: impl IdempotencyStore + 'static,
+    options: HandleOptions,
+    handler: &Arc<Handler>,
+) -> Server {
+    (adapter.start)(Arc::new(store), options, Arc::clone(handler))
+}
+
+/// An empty store in memory.
+pub fn memory_store() -> Store {
+    Store::builder().open_in_memory().expect("store")
+}
 
 /// A running server; stopped when dropped.
 pub struct Server {

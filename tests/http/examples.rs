@@ -10,10 +10,6 @@
 //! before it runs any test, unless given `--test NAME`): a binary that is missing, or older
 //! than its example's main source file, is skipped with a printed reason.
 
-// Each server compiles the shared payments_service files as its own modules, as it does as a
-// program of its own; here all three are in one crate.
-#![allow(clippy::duplicate_mod)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -24,21 +20,7 @@ use std::time::Duration;
 use idempotency_store::IdempotencyStore;
 use redb::ReadableTable;
 
-#[allow(dead_code)] // its `main` is not used here
-#[path = "../../examples/payments_server.rs"]
-mod payments_server;
-
-#[allow(dead_code)]
-#[path = "../../examples/axum_payments.rs"]
-mod axum_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/actix_payments.rs"]
-mod actix_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
+use crate::{actix_payments, axum_payments, client, payments_server};
 
 /// The options every payments server documents in `--help`.
 const SERVER_OPTIONS: [&str; 5] = ["--db", "--listen", "--wait-ms", "--lease-ms", "--delay-ms"];

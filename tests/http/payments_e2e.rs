@@ -11,10 +11,6 @@
 //! per such key and nothing else. `PAYMENTS_E2E_KILLS=20 cargo test --test payments_e2e --
 //! --nocapture` runs more kills.
 
-// Each server compiles the shared payments_service files as its own modules, as it does as a
-// program of its own; here all three are in one crate.
-#![allow(clippy::duplicate_mod)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -27,21 +23,7 @@ use idempotency_store::IdempotencyStore;
 use idempotency_store::http::problem_type;
 use idempotency_store::redb::{self, ReadableTable};
 
-#[allow(dead_code)] // its `main` is not used here
-#[path = "../../examples/payments_server.rs"]
-mod payments_server;
-
-#[allow(dead_code)]
-#[path = "../../examples/axum_payments.rs"]
-mod axum_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/actix_payments.rs"]
-mod actix_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
+use crate::{actix_payments, axum_payments, client, payments_server};
 
 use client::{Client, Reply};
 use payments_server::server::LEDGER;

@@ -3,37 +3,13 @@
 //! problem carries its type's short `code` and `Cache-Control: no-store`, fresh or replayed
 //! from the store; the handler's own answer, and its replay, carry only the handler's headers.
 
-#[allow(dead_code)] // http_adapters uses the rest of it
-#[path = "../adapters/mod.rs"]
-mod adapters;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
-
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::adapters::{self, Adapter, BODY, Handler, memory_store, start};
+use crate::client::{Client, Reply};
 use crate::common::faulty::Faulty;
-use adapters::{Adapter, Handler, Server};
-use client::{Client, Reply};
 use idempotency_store::http::{HandleOptions, Takeover, problem_code, problem_type};
 use idempotency_store::{Claim, Error, IdempotencyStore, Key, ManualClock, Store, Timestamp};
-
-const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
-
-fn start(
-    adapter: &Adapter,
-    store: impl IdempotencyStore + 'static,
-    options: HandleOptions,
-    handler: &Arc<Handler>,
-) -> Server {
-    (adapter.start)(Arc::new(store), options, Arc::clone(handler))
-}
-
-fn memory_store() -> Store {
-    Store::builder().open_in_memory().expect("store")
-}
 
 /// `reply` is the layer's problem `status` with `code` (and the matching `type`), and says
 /// `Cache-Control: no-store`.
