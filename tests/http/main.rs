@@ -27,6 +27,7 @@ mod payments_server;
 
 mod actix_drain;
 mod actix_middleware;
+mod drain_support;
 mod examples;
 mod http_adapters;
 mod http_flow;
