@@ -116,7 +116,7 @@ pub struct Server {
 }
 
 impl Server {
-    fn new(addr: SocketAddr, stop: Box<dyn FnOnce() + Send>, thread: JoinHandle<()>) -> Server {
+    pub fn new(addr: SocketAddr, stop: Box<dyn FnOnce() + Send>, thread: JoinHandle<()>) -> Server {
         Server {
             addr,
             stop: Some(stop),
