@@ -38,5 +38,6 @@ mod payments_e2e;
 mod problem_answers;
 mod problem_types;
 mod real_sdk;
+mod servers;
 mod streamed;
 mod sync_server;
