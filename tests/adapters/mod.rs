@@ -5,6 +5,19 @@
 pub mod actix;
 pub mod tower;
 
+/// Each case (a function of the invoking module taking an `&Adapter`) as a test of its own per
+/// framework: `tower_layer::CASE` and `actix_middleware::CASE`.
+macro_rules! for_each_adapter {
+    ($($case:ident),* $(,)?) => {
+        mod tower_layer {
+            $(#[test] fn $case() { super::$case(&$crate::adapters::TOWER) })*
+        }
+        mod actix_middleware {
+            $(#[test] fn $case() { super::$case(&$crate::adapters::ACTIX) })*
+        }
+    };
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

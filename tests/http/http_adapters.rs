@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::adapters::{self, Adapter, BODY, Handler, memory_store, start};
+use crate::adapters::{Adapter, BODY, Handler, memory_store, start};
 use crate::client::{Client, Reply};
 use crate::common::faulty::Faulty;
 use idempotency_store::http::{HandleOptions, problem_type};
@@ -451,18 +451,6 @@ fn per_route_ttl_on_one_store(adapter: &Adapter) {
         adapter.name
     );
     assert_eq!(handler.runs(), 3, "{}", adapter.name);
-}
-
-/// Each case as a test of its own per framework.
-macro_rules! for_each_adapter {
-    ($($case:ident),* $(,)?) => {
-        mod tower_layer {
-            $(#[test] fn $case() { super::$case(&super::adapters::TOWER) })*
-        }
-        mod actix_middleware {
-            $(#[test] fn $case() { super::$case(&super::adapters::ACTIX) })*
-        }
-    };
 }
 
 for_each_adapter!(

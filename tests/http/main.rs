@@ -13,6 +13,7 @@ mod common;
 #[allow(dead_code)]
 #[path = "../../examples/actix_payments.rs"]
 mod actix_payments;
+#[macro_use]
 #[path = "../adapters/mod.rs"]
 mod adapters;
 #[allow(dead_code)]

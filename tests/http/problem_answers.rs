@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::adapters::{self, Adapter, BODY, Handler, memory_store, start};
+use crate::adapters::{Adapter, BODY, Handler, memory_store, start};
 use crate::client::{Client, Reply};
 use crate::common::faulty::Faulty;
 use idempotency_store::http::{HandleOptions, Takeover, problem_code, problem_type};
@@ -187,18 +187,6 @@ fn a_body_cut_short_is_400_invalid_body_with_no_store(adapter: &Adapter) {
         adapter.name
     );
     assert_eq!(handler.runs(), 0, "{}", adapter.name);
-}
-
-/// Each case as a test of its own per framework.
-macro_rules! for_each_adapter {
-    ($($case:ident),* $(,)?) => {
-        mod tower_layer {
-            $(#[test] fn $case() { super::$case(&super::adapters::TOWER) })*
-        }
-        mod actix_middleware {
-            $(#[test] fn $case() { super::$case(&super::adapters::ACTIX) })*
-        }
-    };
 }
 
 for_each_adapter!(
