@@ -7,11 +7,12 @@ use std::path::Path;
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, Store, Timestamp};
 
-use super::points::{Rng, crash_points, fates, record};
+use super::points::{crash_points, fates, record};
 use super::syscalls::check::{self, Model, fingerprint, response_for};
 use super::syscalls::image::{Fate, History};
 use super::syscalls::trace;
 use super::{Figures, LEASE, Points, START, Workload, builder, env_number};
+use crate::common::Rng;
 
 pub(super) fn check_workload(
     workload: &Workload,

@@ -9,21 +9,7 @@ use super::syscalls::check;
 use super::syscalls::image::{self, Fate, History, PAGE, SECTOR};
 use super::syscalls::trace;
 use super::{CHILD_ENV, Points, Workload};
-
-pub(super) struct Rng(pub(super) u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
+use crate::common::Rng;
 
 /// Runs `workload` under strace in `dir` and returns the trace, parsed.
 pub(super) fn record(workload: &Workload, dir: &Path) -> trace::Trace {
