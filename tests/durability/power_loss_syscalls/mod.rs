@@ -25,11 +25,11 @@
 //! points; a failure prints the trace line, the image and what the store held, and keeps the
 //! image and the trace in `$TMPDIR/idempotency-power-loss-failures/`.
 //!
-//! `cargo test --test power_loss_syscalls` runs a short sample; `SYSCALL_CRASH_POINTS` (crash
-//! points per workload, default 32), `SYSCALL_CRASH_SCALE` (multiplies the workloads' keys,
-//! default 1), `SYSCALL_CRASH_RANDOM_IMAGES` (random images per point beside the five fixed
-//! ones, default 4) and `SYSCALL_CRASH_SEED` make the long run (CONTRIBUTING.md, "Long runs"). Needs `strace`
-//! (`.ci/run` installs it).
+//! `cargo test --test durability -- power_loss_syscalls::` runs a short sample;
+//! `SYSCALL_CRASH_POINTS` (crash points per workload, default 32), `SYSCALL_CRASH_SCALE`
+//! (multiplies the workloads' keys, default 1), `SYSCALL_CRASH_RANDOM_IMAGES` (random images
+//! per point beside the five fixed ones, default 4) and `SYSCALL_CRASH_SEED` make the long run
+//! (CONTRIBUTING.md, "Long runs"). Needs `strace` (`.ci/run` installs it).
 
 mod child;
 mod images;
