@@ -97,7 +97,7 @@ fn p(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
 }
 
-fn claim(store: &Store, key: &Key) -> idempotency_store::Lease {
+fn claim<S: IdempotencyStore>(store: &S, key: &Key) -> idempotency_store::Lease {
     match store.claim(key, Fingerprint::of([key.to_string()])) {
         Ok(Claim::Acquired(lease)) => lease,
         other => panic!("{key:?} not acquired: {other:?}"),
@@ -119,22 +119,28 @@ fn fixture(dir: &Path) -> PathBuf {
         .clock(clock.clone())
         .open(&path)
         .expect("create the store");
-    let old = claim(&store, &Key::new("old-order").expect("key"));
+    write_fixture(&store, &clock, now);
+    path
+}
+
+/// Writes [`fixture`]'s records into `store`, whose `clock` stands 48 hours before `now`
+/// (the real clock's time in milliseconds).
+fn write_fixture<S: IdempotencyStore>(store: &S, clock: &ManualClock, now: u64) {
+    let old = claim(store, &Key::new("old-order").expect("key"));
     store
         .complete(&old, Response::new(200, "old"))
         .expect("complete");
     clock.set(Timestamp::from_millis(now - 2 * HOUR));
-    let mut stuck = claim(&store, &Key::new("stuck-order").expect("key"));
+    let mut stuck = claim(store, &Key::new("stuck-order").expect("key"));
     store
         .checkpoint(&mut stuck, b"step-2".to_vec())
         .expect("checkpoint");
     clock.set(Timestamp::from_millis(now));
-    let _live = claim(&store, &Key::new("live-order").expect("key"));
-    let done = claim(&store, &Key::scoped("tenant-a", "order-7").expect("key"));
+    let _live = claim(store, &Key::new("live-order").expect("key"));
+    let done = claim(store, &Key::scoped("tenant-a", "order-7").expect("key"));
     let response =
         Response::new(201, r#"{"id":"pay_1"}"#).with_header("content-type", "application/json");
     store.complete(&done, response).expect("complete");
-    path
 }
 
 /// A store file as a crash leaves it, its changes only in the log (never merged): `done`

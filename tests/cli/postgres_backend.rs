@@ -5,11 +5,10 @@
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, Clock, Fingerprint, IdempotencyStore, Key, ManualClock, Response, SystemClock,
-    Timestamp, pg::PgStore,
+    Clock, IdempotencyStore, Key, ManualClock, SystemClock, Timestamp, pg::PgStore,
 };
 
-use super::{HOUR, cli, expect, json};
+use super::{HOUR, claim, cli, expect, json, write_fixture};
 
 /// A fresh schema holding the fixture of `super::fixture`, dropped afterwards.
 struct Db {
@@ -52,21 +51,7 @@ impl Db {
             .pool_size(1)
             .connect(&db.plain)
             .expect("connect");
-        let old = claim(&store, &Key::new("old-order").expect("key"));
-        store
-            .complete(&old, Response::new(200, "old"))
-            .expect("complete");
-        clock.set(Timestamp::from_millis(now - 2 * HOUR));
-        let mut stuck = claim(&store, &Key::new("stuck-order").expect("key"));
-        store
-            .checkpoint(&mut stuck, b"step-2".to_vec())
-            .expect("checkpoint");
-        clock.set(Timestamp::from_millis(now));
-        let _live = claim(&store, &Key::new("live-order").expect("key"));
-        let done = claim(&store, &Key::scoped("tenant-a", "order-7").expect("key"));
-        let response =
-            Response::new(201, r#"{"id":"pay_1"}"#).with_header("content-type", "application/json");
-        store.complete(&done, response).expect("complete");
+        write_fixture(&store, &clock, now);
         Some(db)
     }
 
@@ -179,13 +164,6 @@ fn as_url(text: &str) -> String {
         .unwrap_or_default();
     let db = encode(config.get_dbname().unwrap_or("postgres"));
     format!("postgresql://{user}{password}@{host}:{port}/{db}")
-}
-
-fn claim(store: &PgStore, key: &Key) -> idempotency_store::Lease {
-    match store.claim(key, Fingerprint::of([key.to_string()])) {
-        Ok(Claim::Acquired(lease)) => lease,
-        other => panic!("{key:?} not acquired: {other:?}"),
-    }
 }
 
 #[test]
