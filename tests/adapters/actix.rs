@@ -1,5 +1,6 @@
 //! actix-web with the `Idempotency` middleware.
 
+use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
@@ -14,33 +15,43 @@ pub fn start(
     options: HandleOptions,
     handler: Arc<Handler>,
 ) -> Server {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    serve(move |listener| {
+        // One middleware for both workers: they share its admission.
+        let idempotency = Idempotency::shared(store, options);
+        HttpServer::new(move || {
+            let handler = Arc::clone(&handler);
+            App::new().wrap(idempotency.clone()).route(
+                "/payments",
+                web::post().to(move || {
+                    let handler = Arc::clone(&handler);
+                    async move {
+                        let body = handler.run().await;
+                        HttpResponse::Created()
+                            .content_type("text/plain")
+                            .body(body)
+                    }
+                }),
+            )
+        })
+        .workers(2)
+        .disable_signals()
+        .listen(listener)
+        .expect("listen")
+        .run()
+    })
+}
+
+/// Runs the server `server` builds on the listener it is given (a port of its own), in an
+/// actix system on a thread of its own.
+pub fn serve(
+    server: impl FnOnce(TcpListener) -> actix_web::dev::Server + Send + 'static,
+) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (handle_tx, handle_rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         actix_web::rt::System::new().block_on(async move {
-            // One middleware for both workers: they share its admission.
-            let idempotency = Idempotency::shared(store, options);
-            let server = HttpServer::new(move || {
-                let handler = Arc::clone(&handler);
-                App::new().wrap(idempotency.clone()).route(
-                    "/payments",
-                    web::post().to(move || {
-                        let handler = Arc::clone(&handler);
-                        async move {
-                            let body = handler.run().await;
-                            HttpResponse::Created()
-                                .content_type("text/plain")
-                                .body(body)
-                        }
-                    }),
-                )
-            })
-            .workers(2)
-            .disable_signals()
-            .listen(listener)
-            .expect("listen")
-            .run();
+            let server = server(listener);
             handle_tx.send(server.handle()).expect("handle");
             server.await.expect("serve");
         });

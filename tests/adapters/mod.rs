@@ -5,14 +5,27 @@
 pub mod actix;
 pub mod tower;
 
+/// Each case (a function of the invoking module taking an `&Adapter`) as a test of its own per
+/// framework: `tower_layer::CASE` and `actix_middleware::CASE`.
+macro_rules! for_each_adapter {
+    ($($case:ident),* $(,)?) => {
+        mod tower_layer {
+            $(#[test] fn $case() { super::$case(&$crate::adapters::TOWER) })*
+        }
+        mod actix_middleware {
+            $(#[test] fn $case() { super::$case(&$crate::adapters::ACTIX) })*
+        }
+    };
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use idempotency_store::IdempotencyStore;
 use idempotency_store::http::HandleOptions;
+use idempotency_store::{IdempotencyStore, Store};
 use parking_lot::Mutex;
 
 /// What `POST /payments` does, whichever framework serves it: counts its runs, takes
@@ -90,6 +103,24 @@ pub const ACTIX: Adapter = Adapter {
     start: actix::start,
 };
 
+/// The payment every test posts unless it needs another.
+pub const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
+
+/// Starts `adapter`'s server for `handler` over `store`.
+pub fn start(
+    adapter: &Adapter,
+    store: impl IdempotencyStore + 'static,
+    options: HandleOptions,
+    handler: &Arc<Handler>,
+) -> Server {
+    (adapter.start)(Arc::new(store), options, Arc::clone(handler))
+}
+
+/// An empty store in memory.
+pub fn memory_store() -> Store {
+    Store::builder().open_in_memory().expect("store")
+}
+
 /// A running server; stopped when dropped.
 pub struct Server {
     pub addr: SocketAddr,
@@ -98,7 +129,7 @@ pub struct Server {
 }
 
 impl Server {
-    fn new(addr: SocketAddr, stop: Box<dyn FnOnce() + Send>, thread: JoinHandle<()>) -> Server {
+    pub fn new(addr: SocketAddr, stop: Box<dyn FnOnce() + Send>, thread: JoinHandle<()>) -> Server {
         Server {
             addr,
             stop: Some(stop),

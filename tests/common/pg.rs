@@ -41,6 +41,13 @@ pub fn raw_url(url: &str) -> String {
     url.replace(" prepare_statements=false", "")
 }
 
+/// Runs `sql` (statements of a test's own set-up) on a raw connection of its own to `url`.
+pub fn admin(url: &str, sql: &str) {
+    let mut client =
+        postgres::Client::connect(&raw_url(url), postgres::NoTls).expect("admin connection");
+    client.batch_execute(sql).expect("admin statement");
+}
+
 /// A schema of one test's own, dropped (with everything in it) before and after.
 pub struct Schema {
     pub url: String,

@@ -92,7 +92,7 @@ fn key_corpus() {
 }
 
 /// Operation sequences against the store (on reopenable in-memory storage) and the reference
-/// model of `tests/reference/mod.rs`. Each input opens a store and checks the whole of it after
+/// model of `tests/reference/`. Each input opens a store and checks the whole of it after
 /// every step, which is slow in a debug build: fewer and shorter generated inputs (random ones
 /// below 100 bytes) keep this test near 10 s.
 #[test]

@@ -13,6 +13,7 @@ use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, Recovery, Result, Store, Timestamp};
 
 use crate::acks;
+use crate::common::Rng;
 use crate::common::disk::{PowerCut, SimDisk};
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
@@ -20,17 +21,6 @@ const RETENTION: Duration = Duration::from_secs(3600);
 
 /// The simulated disk, its power cut after a budget of writes, resizes and syncs.
 type SimBackend = SimDisk<PowerCut>;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn open(backend: SimBackend, clock: &ManualClock, durability: Recovery) -> Result<Store> {
     Store::builder()

@@ -13,6 +13,8 @@ use idempotency_store::http::actix::{DrainReport, Idempotency};
 use idempotency_store::http::{HandleOptions, Takeover, problem_type};
 use idempotency_store::{IdempotencyStore, Key, RecordState, Store};
 
+use crate::drain_support::{durable_store, states, wait_for_runs};
+
 /// What the handler saw: how many runs started and finished.
 struct Ledger {
     started: AtomicUsize,
@@ -137,54 +139,29 @@ fn start_in_flight(server: &Server, prefix: &str, count: usize) {
     let streams: Vec<_> = (0..count)
         .map(|i| send(server.addr, &format!("{prefix}-{i}")))
         .collect();
-    wait_for_runs(server, count);
+    wait_for_runs(&server.ledger.started, count);
     drop(streams);
 }
 
-fn wait_for_runs(server: &Server, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.ledger.started.load(Ordering::SeqCst) < count {
-        assert!(Instant::now() < deadline, "the handlers never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// (completed, in progress, absent) among `prefix-0` .. `prefix-{count-1}`.
-fn states(store: &Store, prefix: &str, count: usize) -> (usize, usize, usize) {
-    let (mut completed, mut in_progress, mut absent) = (0, 0, 0);
-    for i in 0..count {
-        let key = Key::new(&format!("{prefix}-{i}")).expect("key");
-        match store.lookup(&key).expect("lookup").map(|r| r.state) {
-            Some(RecordState::Completed { .. }) => completed += 1,
-            Some(RecordState::InProgress { .. }) => in_progress += 1,
-            None => absent += 1,
-            Some(other) => panic!("unexpected state {other:?}"),
-        }
-    }
-    (completed, in_progress, absent)
-}
-
-fn durable_store(dir: &tempfile::TempDir) -> Arc<Store> {
-    let store = Store::builder()
-        .lease(Duration::from_secs(10))
-        .open(dir.path().join("keys.redb"))
-        .expect("open store");
-    Arc::new(store)
+/// A server over a store on a file in `dir` whose handlers take 60 s (or until the gate opens).
+fn on_a_file(dir: &tempfile::TempDir) -> (Arc<Store>, Server) {
+    let store = durable_store(dir, Duration::from_secs(10));
+    let server = Server::start(
+        Arc::clone(&store) as Arc<dyn IdempotencyStore>,
+        HandleOptions::new(),
+        Duration::from_secs(60),
+    );
+    (store, server)
 }
 
 #[test]
 fn a_drain_lets_fifty_operations_in_flight_finish_and_answers_the_client_still_waiting() {
     let dir = tempfile::tempdir().expect("dir");
-    let store = durable_store(&dir);
-    let mut server = Server::start(
-        Arc::clone(&store) as Arc<dyn IdempotencyStore>,
-        HandleOptions::new(),
-        Duration::from_secs(60),
-    );
+    let (store, mut server) = on_a_file(&dir);
     start_in_flight(&server, "drain", 50);
     // One more whose client waits for the answer through the shutdown.
     let waiting = send(server.addr, "waiting");
-    wait_for_runs(&server, 51);
+    wait_for_runs(&server.ledger.started, 51);
     server.begin_shutdown(Duration::from_secs(20));
     // A new payment while the drain runs is refused, its key untouched.
     std::thread::sleep(Duration::from_millis(100));
@@ -214,12 +191,7 @@ fn a_drain_lets_fifty_operations_in_flight_finish_and_answers_the_client_still_w
 #[test]
 fn a_drain_past_its_deadline_stops_the_operations_and_releases_their_keys() {
     let dir = tempfile::tempdir().expect("dir");
-    let store = durable_store(&dir);
-    let mut server = Server::start(
-        Arc::clone(&store) as Arc<dyn IdempotencyStore>,
-        HandleOptions::new(),
-        Duration::from_secs(60),
-    );
+    let (store, mut server) = on_a_file(&dir);
     start_in_flight(&server, "cut", 50);
     let started = Instant::now();
     let report = server.shut_down(Duration::from_millis(300));

@@ -10,10 +10,6 @@
 //! before it runs any test, unless given `--test NAME`): a binary that is missing, or older
 //! than its example's main source file, is skipped with a printed reason.
 
-// Each server compiles the shared payments_service files as its own modules, as it does as a
-// program of its own; here all three are in one crate.
-#![allow(clippy::duplicate_mod)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -24,21 +20,8 @@ use std::time::Duration;
 use idempotency_store::IdempotencyStore;
 use redb::ReadableTable;
 
-#[allow(dead_code)] // its `main` is not used here
-#[path = "../../examples/payments_server.rs"]
-mod payments_server;
-
-#[allow(dead_code)]
-#[path = "../../examples/axum_payments.rs"]
-mod axum_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/actix_payments.rs"]
-mod actix_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
+use crate::servers::SERVERS;
+use crate::{actix_payments, axum_payments, client, payments_server};
 
 /// The options every payments server documents in `--help`.
 const SERVER_OPTIONS: [&str; 5] = ["--db", "--listen", "--wait-ms", "--lease-ms", "--delay-ms"];
@@ -47,15 +30,6 @@ fn clap_error(result: Result<(), Box<dyn std::error::Error + Send + Sync>>) -> c
     let err = result.expect_err("parsing must stop");
     *err.downcast::<clap::Error>().expect("a clap error")
 }
-
-type Runner = fn(std::vec::IntoIter<String>) -> Result<(), payments_server::server::BoxError>;
-
-/// The servers' `run`: (name, run, whether it takes `--threads`).
-const SERVERS: [(&str, Runner, bool); 3] = [
-    ("payments_server", |a| payments_server::run(a), true),
-    ("axum_payments", |a| axum_payments::run(a), false),
-    ("actix_payments", |a| actix_payments::run(a), false),
-];
 
 fn args(list: &[&str]) -> std::vec::IntoIter<String> {
     list.iter()
@@ -158,6 +132,19 @@ fn request(method: &str, path: &str) -> String {
     format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 }
 
+/// Every request of `NOT_ALLOWED` to `addr` gets 405 with its one `Allow` value; `label`
+/// begins each failure's message.
+fn assert_405s(addr: std::net::SocketAddr, label: &str) {
+    for (method, path, allowed) in NOT_ALLOWED {
+        let head = head(addr, &request(method, path));
+        assert!(
+            head[0].contains(" 405 "),
+            "{label}{method} {path}: {head:?}"
+        );
+        assert_eq!(allow(&head), [allowed], "{label}{method} {path}: {head:?}");
+    }
+}
+
 #[test]
 fn every_server_answers_405_with_allow() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -174,11 +161,7 @@ fn every_server_answers_405_with_allow() {
     };
 
     let running = payments_server::server::start(open("sync.redb"), "127.0.0.1:0").expect("start");
-    for (method, path, allowed) in NOT_ALLOWED {
-        let head = head(running.addr(), &request(method, path));
-        assert!(head[0].contains(" 405 "), "{method} {path}: {head:?}");
-        assert_eq!(allow(&head), [allowed], "{method} {path}: {head:?}");
-    }
+    assert_405s(running.addr(), "");
 
     let axum_payments = axum_payments::server::Payments::open(
         axum_payments::server::store_builder()
@@ -198,11 +181,7 @@ fn every_server_answers_405_with_allow() {
     let addr = listener.local_addr().expect("addr");
     let (app, _drain) = axum_payments::app(Arc::new(axum_payments));
     runtime.spawn(async move { axum::serve(listener, app).await });
-    for (method, path, allowed) in NOT_ALLOWED {
-        let head = head(addr, &request(method, path));
-        assert!(head[0].contains(" 405 "), "axum {method} {path}: {head:?}");
-        assert_eq!(allow(&head), [allowed], "axum {method} {path}: {head:?}");
-    }
+    assert_405s(addr, "axum ");
 
     let actix_payments = Arc::new(
         actix_payments::server::Payments::open(
@@ -239,11 +218,7 @@ fn every_server_answers_405_with_allow() {
             server.run().await
         })
     });
-    for (method, path, allowed) in NOT_ALLOWED {
-        let head = head(addr, &request(method, path));
-        assert!(head[0].contains(" 405 "), "actix {method} {path}: {head:?}");
-        assert_eq!(allow(&head), [allowed], "actix {method} {path}: {head:?}");
-    }
+    assert_405s(addr, "actix ");
 }
 
 /// A built example binary, if `cargo test` built it from the current source.

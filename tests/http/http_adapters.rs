@@ -18,36 +18,14 @@
 //!   "completed, not stored"; the handler ran once;
 //! - two routes with their own TTL over one store: each answer replays for its route's time.
 
-#[path = "../adapters/mod.rs"]
-mod adapters;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::adapters::{Adapter, BODY, Handler, memory_store, start};
+use crate::client::{Client, Reply};
 use crate::common::faulty::Faulty;
-use adapters::{Adapter, Handler, Server};
-use client::{Client, Reply};
 use idempotency_store::http::{HandleOptions, problem_type};
 use idempotency_store::{Error, IdempotencyStore, ManualClock, Store, Timestamp};
-
-const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
-
-fn start(
-    adapter: &Adapter,
-    store: impl IdempotencyStore + 'static,
-    options: HandleOptions,
-    handler: &Arc<Handler>,
-) -> Server {
-    (adapter.start)(Arc::new(store), options, Arc::clone(handler))
-}
-
-fn memory_store() -> Store {
-    Store::builder().open_in_memory().expect("store")
-}
 
 fn problem_type_of(reply: &Reply) -> String {
     reply.json()["type"].as_str().unwrap_or_default().to_owned()
@@ -473,18 +451,6 @@ fn per_route_ttl_on_one_store(adapter: &Adapter) {
         adapter.name
     );
     assert_eq!(handler.runs(), 3, "{}", adapter.name);
-}
-
-/// Each case as a test of its own per framework.
-macro_rules! for_each_adapter {
-    ($($case:ident),* $(,)?) => {
-        mod tower_layer {
-            $(#[test] fn $case() { super::$case(&super::adapters::TOWER) })*
-        }
-        mod actix_middleware {
-            $(#[test] fn $case() { super::$case(&super::adapters::ACTIX) })*
-        }
-    };
 }
 
 for_each_adapter!(

@@ -13,15 +13,8 @@ use idempotency_store::http::tower::IdempotencyLayer;
 use idempotency_store::http::{FingerprintPolicy, HandleOptions, LeaseWatch, handle, problem_type};
 use idempotency_store::{IdempotencyStore, Key, RecordState, Store};
 
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/server.rs"]
-mod server;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
-
-use client::{Client, Reply};
+use crate::client::{Client, Reply};
+use crate::payments_server::server;
 
 /// The application behind the idempotency flow: a sync function of the request (the tower
 /// form runs it on the blocking pool).

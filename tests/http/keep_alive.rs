@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/server.rs"]
-mod server;
+use crate::payments_server::server;
 
 /// A server whose handler answers the number of requests it has handled so far.
 fn counting_server(threads: usize) -> server::Running {

@@ -11,6 +11,8 @@ use idempotency_store::http::{FingerprintPolicy, HandleOptions, Problem, Takeove
 use idempotency_store::{Claim, IdempotencyStore, Key, RecordState, Store};
 use parking_lot::Mutex;
 
+use crate::drain_support::{durable_store, states, wait_for_runs};
+
 /// What the handler saw: how many runs started and finished, and when the last one finished.
 struct Ledger {
     started: AtomicUsize,
@@ -174,16 +176,6 @@ fn retry_until_answered(
     }
 }
 
-fn durable_store(dir: &tempfile::TempDir, lease: Duration) -> Arc<Store> {
-    let path = dir.path().join("keys.redb");
-    Arc::new(
-        Store::builder()
-            .lease(lease)
-            .open(path)
-            .expect("open store"),
-    )
-}
-
 #[test]
 fn a_client_that_times_out_gets_the_one_answer_on_its_retry() {
     let dir = tempfile::tempdir().expect("dir");
@@ -242,26 +234,8 @@ fn start_in_flight(server: &Server, prefix: &str, count: usize) {
             stream
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.ledger.started.load(Ordering::SeqCst) < count {
-        assert!(Instant::now() < deadline, "the handlers never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_runs(&server.ledger.started, count);
     drop(streams);
-}
-
-fn states(store: &Store, prefix: &str, count: usize) -> (usize, usize, usize) {
-    let (mut completed, mut in_progress, mut absent) = (0, 0, 0);
-    for i in 0..count {
-        let key = Key::new(&format!("{prefix}-{i}")).expect("key");
-        match store.lookup(&key).expect("lookup").map(|r| r.state) {
-            Some(RecordState::Completed { .. }) => completed += 1,
-            Some(RecordState::InProgress { .. }) => in_progress += 1,
-            None => absent += 1,
-            Some(other) => panic!("unexpected state {other:?}"),
-        }
-    }
-    (completed, in_progress, absent)
 }
 
 #[test]

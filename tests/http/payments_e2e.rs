@@ -11,10 +11,6 @@
 //! per such key and nothing else. `PAYMENTS_E2E_KILLS=20 cargo test --test payments_e2e --
 //! --nocapture` runs more kills.
 
-// Each server compiles the shared payments_service files as its own modules, as it does as a
-// program of its own; here all three are in one crate.
-#![allow(clippy::duplicate_mod)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -27,21 +23,8 @@ use idempotency_store::IdempotencyStore;
 use idempotency_store::http::problem_type;
 use idempotency_store::redb::{self, ReadableTable};
 
-#[allow(dead_code)] // its `main` is not used here
-#[path = "../../examples/payments_server.rs"]
-mod payments_server;
-
-#[allow(dead_code)]
-#[path = "../../examples/axum_payments.rs"]
-mod axum_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/actix_payments.rs"]
-mod actix_payments;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
+use crate::servers::SERVERS;
+use crate::{client, payments_server};
 
 use client::{Client, Reply};
 use payments_server::server::LEDGER;
@@ -49,14 +32,6 @@ use payments_server::server::LEDGER;
 const CHILD_DB: &str = "PAYMENTS_E2E_CHILD_DB";
 const CHILD_SERVER: &str = "PAYMENTS_E2E_CHILD_SERVER";
 
-type Runner = fn(std::vec::IntoIter<String>) -> Result<(), payments_server::server::BoxError>;
-
-/// The servers: (name, run, whether it takes `--threads`).
-const SERVERS: [(&str, Runner, bool); 3] = [
-    ("payments_server", |a| payments_server::run(a), true),
-    ("axum_payments", |a| axum_payments::run(a), false),
-    ("actix_payments", |a| actix_payments::run(a), false),
-];
 /// Short leases, so that a key whose holder was killed is taken over within a second.
 const LEASE_MS: &str = "1000";
 const LOAD_THREADS: usize = 8;
@@ -188,12 +163,7 @@ impl Seen {
             Ok(r) => r.status.to_string(),
             Err(_) => "no answer".to_owned(),
         };
-        *self
-            .statuses
-            .lock()
-            .expect("lock")
-            .entry(label)
-            .or_default() += 1;
+        self.tally(label);
         let Ok(reply) = reply else { return };
         if reply.status != 201 {
             return;
@@ -211,6 +181,16 @@ impl Seen {
         let reply = http.post("/payments", Some(key), body);
         self.answered(key, &reply);
         reply
+    }
+
+    /// Counts one answer under `label`.
+    fn tally(&self, label: String) {
+        *self
+            .statuses
+            .lock()
+            .expect("lock")
+            .entry(label)
+            .or_default() += 1;
     }
 
     fn count(&self, label: &str) -> u64 {
@@ -398,12 +378,7 @@ fn rejections_store_nothing(http: &Client, seen: &Seen) {
         Some("application/problem+json")
     );
     assert_eq!(problem_type_of(&missing), problem_type::MISSING_KEY);
-    *seen
-        .statuses
-        .lock()
-        .expect("lock")
-        .entry("400".into())
-        .or_default() += 1;
+    seen.tally("400".into());
 
     let malformed = http
         .send(
@@ -415,12 +390,7 @@ fn rejections_store_nothing(http: &Client, seen: &Seen) {
         .expect("post");
     assert_eq!(malformed.status, 400);
     assert_eq!(problem_type_of(&malformed), problem_type::INVALID_KEY);
-    *seen
-        .statuses
-        .lock()
-        .expect("lock")
-        .entry("400".into())
-        .or_default() += 1;
+    seen.tally("400".into());
 
     let key = "e2e-fixed-body";
     for bad in [
@@ -435,12 +405,7 @@ fn rejections_store_nothing(http: &Client, seen: &Seen) {
             reply.header("content-type"),
             Some("application/problem+json")
         );
-        *seen
-            .statuses
-            .lock()
-            .expect("lock")
-            .entry("400".into())
-            .or_default() += 1;
+        seen.tally("400".into());
     }
     let fixed = seen.post(http, key, &body(100, "cus_1")).expect("post");
     assert_eq!((fixed.status, fixed.replayed()), (201, false));
@@ -456,12 +421,7 @@ fn reused_key_is_422(http: &Client, seen: &Seen) {
         .expect("post");
     assert_eq!(other.status, 422);
     assert_eq!(problem_type_of(&other), problem_type::KEY_REUSED);
-    *seen
-        .statuses
-        .lock()
-        .expect("lock")
-        .entry("422".into())
-        .or_default() += 1;
+    seen.tally("422".into());
     let again = seen.post(http, key, &body(4999, "cus_2")).expect("post");
     assert!(again.replayed() && again.body == first.body);
 }

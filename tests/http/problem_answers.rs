@@ -3,37 +3,13 @@
 //! problem carries its type's short `code` and `Cache-Control: no-store`, fresh or replayed
 //! from the store; the handler's own answer, and its replay, carry only the handler's headers.
 
-#[allow(dead_code)] // http_adapters uses the rest of it
-#[path = "../adapters/mod.rs"]
-mod adapters;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
-
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::adapters::{Adapter, BODY, Handler, memory_store, start};
+use crate::client::{Client, Reply};
 use crate::common::faulty::Faulty;
-use adapters::{Adapter, Handler, Server};
-use client::{Client, Reply};
 use idempotency_store::http::{HandleOptions, Takeover, problem_code, problem_type};
 use idempotency_store::{Claim, Error, IdempotencyStore, Key, ManualClock, Store, Timestamp};
-
-const BODY: &str = r#"{"amount": 4999, "currency": "usd"}"#;
-
-fn start(
-    adapter: &Adapter,
-    store: impl IdempotencyStore + 'static,
-    options: HandleOptions,
-    handler: &Arc<Handler>,
-) -> Server {
-    (adapter.start)(Arc::new(store), options, Arc::clone(handler))
-}
-
-fn memory_store() -> Store {
-    Store::builder().open_in_memory().expect("store")
-}
 
 /// `reply` is the layer's problem `status` with `code` (and the matching `type`), and says
 /// `Cache-Control: no-store`.
@@ -211,18 +187,6 @@ fn a_body_cut_short_is_400_invalid_body_with_no_store(adapter: &Adapter) {
         adapter.name
     );
     assert_eq!(handler.runs(), 0, "{}", adapter.name);
-}
-
-/// Each case as a test of its own per framework.
-macro_rules! for_each_adapter {
-    ($($case:ident),* $(,)?) => {
-        mod tower_layer {
-            $(#[test] fn $case() { super::$case(&super::adapters::TOWER) })*
-        }
-        mod actix_middleware {
-            $(#[test] fn $case() { super::$case(&super::adapters::ACTIX) })*
-        }
-    };
 }
 
 for_each_adapter!(

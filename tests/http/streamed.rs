@@ -18,13 +18,14 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotency_store::http::{HandleOptions, problem_type};
 use idempotency_store::{IdempotencyStore, Store};
 use tokio::sync::mpsc;
+
+use crate::adapters::{self, Server};
 
 const EVENTS: usize = 5;
 const GAP: Duration = Duration::from_millis(400);
@@ -95,24 +96,6 @@ fn count(runs: &AtomicUsize) -> usize {
     runs.fetch_add(1, Ordering::SeqCst) + 1
 }
 
-/// A server on a thread of its own; stopped when dropped.
-struct Server {
-    addr: SocketAddr,
-    stop: Option<Box<dyn FnOnce() + Send>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            stop();
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 /// Which framework, with the idempotency middleware or bare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framework {
@@ -135,60 +118,37 @@ fn tower_server(store: Option<Arc<dyn IdempotencyStore>>, runs: Arc<Runs>) -> Se
     use axum::http::{StatusCode, header};
     use idempotency_store::http::tower::IdempotencyLayer;
 
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let sse = || [(header::CONTENT_TYPE, "text/event-stream")];
-            let (on_events, on_failing, on_big) =
-                (Arc::clone(&runs), Arc::clone(&runs), Arc::clone(&runs));
-            let app = axum::Router::new()
-                .route(
-                    "/events",
-                    axum::routing::post(move || {
-                        let run = count(&on_events.events);
-                        async move { (sse(), axum::body::Body::new(events(run, None))) }
-                    }),
-                )
-                .route(
-                    "/failing",
-                    axum::routing::post(move || {
-                        let run = count(&on_failing.failing);
-                        async move { (sse(), axum::body::Body::new(events(run, Some(3)))) }
-                    }),
-                )
-                .route(
-                    "/big",
-                    axum::routing::post(move || {
-                        count(&on_big.big);
-                        async { (StatusCode::CREATED, vec![b'y'; BIG]) }
-                    }),
-                );
-            let app = match store {
-                Some(store) => app.layer(IdempotencyLayer::shared(store, HandleOptions::new())),
-                None => app,
-            };
-            tokio::select! {
-                served = axum::serve(listener, app) => served.expect("serve"),
-                _ = stopped => {}
-            }
-        });
-    });
-    Server {
-        addr,
-        stop: Some(Box::new(move || {
-            let _ = stop.send(());
-        })),
-        thread: Some(thread),
-    }
+    adapters::tower::serve(move || {
+        let sse = || [(header::CONTENT_TYPE, "text/event-stream")];
+        let (on_events, on_failing, on_big) =
+            (Arc::clone(&runs), Arc::clone(&runs), Arc::clone(&runs));
+        let app = axum::Router::new()
+            .route(
+                "/events",
+                axum::routing::post(move || {
+                    let run = count(&on_events.events);
+                    async move { (sse(), axum::body::Body::new(events(run, None))) }
+                }),
+            )
+            .route(
+                "/failing",
+                axum::routing::post(move || {
+                    let run = count(&on_failing.failing);
+                    async move { (sse(), axum::body::Body::new(events(run, Some(3)))) }
+                }),
+            )
+            .route(
+                "/big",
+                axum::routing::post(move || {
+                    count(&on_big.big);
+                    async { (StatusCode::CREATED, vec![b'y'; BIG]) }
+                }),
+            );
+        match store {
+            Some(store) => app.layer(IdempotencyLayer::shared(store, HandleOptions::new())),
+            None => app,
+        }
+    })
 }
 
 fn actix_server(store: Option<Arc<dyn IdempotencyStore>>, runs: Arc<Runs>) -> Server {
@@ -196,65 +156,52 @@ fn actix_server(store: Option<Arc<dyn IdempotencyStore>>, runs: Arc<Runs>) -> Se
     use actix_web::{App, HttpResponse, HttpServer, web};
     use idempotency_store::http::actix::Idempotency;
 
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        actix_web::rt::System::new().block_on(async move {
-            let layered = store.is_some();
-            let store = store
-                .unwrap_or_else(|| Arc::new(Store::builder().open_in_memory().expect("store")));
-            let idempotency = Idempotency::shared(store, HandleOptions::new());
-            let server = HttpServer::new(move || {
-                let (on_events, on_failing, on_big) =
-                    (Arc::clone(&runs), Arc::clone(&runs), Arc::clone(&runs));
-                App::new()
-                    .wrap(Condition::new(layered, idempotency.clone()))
-                    .route(
-                        "/events",
-                        web::post().to(move || {
-                            let run = count(&on_events.events);
-                            async move {
-                                HttpResponse::Ok()
-                                    .content_type("text/event-stream")
-                                    .body(events(run, None))
-                            }
-                        }),
-                    )
-                    .route(
-                        "/failing",
-                        web::post().to(move || {
-                            let run = count(&on_failing.failing);
-                            async move {
-                                HttpResponse::Ok()
-                                    .content_type("text/event-stream")
-                                    .body(events(run, Some(3)))
-                            }
-                        }),
-                    )
-                    .route(
-                        "/big",
-                        web::post().to(move || {
-                            count(&on_big.big);
-                            async { HttpResponse::Created().body(vec![b'y'; BIG]) }
-                        }),
-                    )
-            })
-            .workers(2)
-            .disable_signals()
-            .listen(listener)
-            .expect("listen")
-            .run();
-            handle_tx.send(server.handle()).expect("handle");
-            server.await.expect("serve");
-        });
-    });
-    let handle = handle_rx.recv().expect("the server started");
-    Server {
-        addr,
-        stop: Some(Box::new(move || drop(handle.stop(false)))),
-        thread: Some(thread),
-    }
+    adapters::actix::serve(move |listener| {
+        let layered = store.is_some();
+        let store =
+            store.unwrap_or_else(|| Arc::new(Store::builder().open_in_memory().expect("store")));
+        let idempotency = Idempotency::shared(store, HandleOptions::new());
+        HttpServer::new(move || {
+            let (on_events, on_failing, on_big) =
+                (Arc::clone(&runs), Arc::clone(&runs), Arc::clone(&runs));
+            App::new()
+                .wrap(Condition::new(layered, idempotency.clone()))
+                .route(
+                    "/events",
+                    web::post().to(move || {
+                        let run = count(&on_events.events);
+                        async move {
+                            HttpResponse::Ok()
+                                .content_type("text/event-stream")
+                                .body(events(run, None))
+                        }
+                    }),
+                )
+                .route(
+                    "/failing",
+                    web::post().to(move || {
+                        let run = count(&on_failing.failing);
+                        async move {
+                            HttpResponse::Ok()
+                                .content_type("text/event-stream")
+                                .body(events(run, Some(3)))
+                        }
+                    }),
+                )
+                .route(
+                    "/big",
+                    web::post().to(move || {
+                        count(&on_big.big);
+                        async { HttpResponse::Created().body(vec![b'y'; BIG]) }
+                    }),
+                )
+        })
+        .workers(2)
+        .disable_signals()
+        .listen(listener)
+        .expect("listen")
+        .run()
+    })
 }
 
 /// An answer as the client read it.
@@ -391,6 +338,25 @@ fn store() -> Arc<dyn IdempotencyStore> {
     Arc::new(Store::builder().open_in_memory().expect("store"))
 }
 
+/// A server of `framework` behind its idempotency middleware over a store in memory, and its
+/// handlers' runs.
+fn serve(framework: Framework) -> (Arc<Runs>, Server) {
+    let runs = Arc::new(Runs::default());
+    let server = start(framework, Some(store()), &runs);
+    (runs, server)
+}
+
+/// `POST path` with `key` again, read to its end: a replay with `status`.
+fn replay(framework: Framework, addr: SocketAddr, path: &str, key: &str, status: u16) -> Got {
+    let retry = post(addr, path, Some(key), false);
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (status, true),
+        "{framework:?}: {retry:?}"
+    );
+    retry
+}
+
 fn all_events(run: usize) -> Vec<u8> {
     (1..=EVENTS)
         .map(|n| format!("data: run {run} event {n}\n\n"))
@@ -403,8 +369,7 @@ fn server_sent_events_arrive_live_and_replay_byte_for_byte(framework: Framework)
     let bare = start(framework, None, &bare_runs);
     let bare_first = post(bare.addr, "/events", None, false);
     drop(bare);
-    let runs = Arc::new(Runs::default());
-    let server = start(framework, Some(store()), &runs);
+    let (runs, server) = serve(framework);
     let first = post(server.addr, "/events", Some("sse"), false);
     let (bare_at, at) = (
         bare_first.first_event.expect("the bare app's first event"),
@@ -418,12 +383,7 @@ fn server_sent_events_arrive_live_and_replay_byte_for_byte(framework: Framework)
     assert!(first.whole, "{framework:?}: {first:?}");
     assert_eq!(first.body, all_events(1), "{framework:?}");
     assert_eq!(first.header("content-type"), Some("text/event-stream"));
-    let retry = post(server.addr, "/events", Some("sse"), false);
-    assert_eq!(
-        (retry.status, retry.replayed()),
-        (200, true),
-        "{framework:?}: {retry:?}"
-    );
+    let retry = replay(framework, server.addr, "/events", "sse", 200);
     assert!(retry.whole, "{framework:?}");
     assert_eq!(
         retry.body, first.body,
@@ -434,8 +394,7 @@ fn server_sent_events_arrive_live_and_replay_byte_for_byte(framework: Framework)
 }
 
 fn a_large_answer_reaches_its_client_whole_and_the_retry_is_told_it_was_done(framework: Framework) {
-    let runs = Arc::new(Runs::default());
-    let server = start(framework, Some(store()), &runs);
+    let (runs, server) = serve(framework);
     let first = post(server.addr, "/big", Some("big"), false);
     assert_eq!(first.status, 201, "{framework:?}: the handler's own status");
     assert!(first.whole, "{framework:?}");
@@ -444,12 +403,7 @@ fn a_large_answer_reaches_its_client_whole_and_the_retry_is_told_it_was_done(fra
     assert!(!first.replayed(), "{framework:?}");
     let mut retries = Vec::new();
     for _ in 0..2 {
-        let retry = post(server.addr, "/big", Some("big"), false);
-        assert_eq!(
-            (retry.status, retry.replayed()),
-            (410, true),
-            "{framework:?}: {retry:?}"
-        );
+        let retry = replay(framework, server.addr, "/big", "big", 410);
         assert_eq!(retry.problem_type(), problem_type::COMPLETED_NOT_STORED);
         let detail = String::from_utf8_lossy(&retry.body).into_owned();
         assert!(detail.contains("answered 201"), "{framework:?}: {detail}");
@@ -463,8 +417,7 @@ fn a_large_answer_reaches_its_client_whole_and_the_retry_is_told_it_was_done(fra
 }
 
 fn a_client_that_hangs_up_mid_stream_gets_the_whole_stream_on_retry(framework: Framework) {
-    let runs = Arc::new(Runs::default());
-    let server = start(framework, Some(store()), &runs);
+    let (runs, server) = serve(framework);
     let first = post(server.addr, "/events", Some("gone"), true);
     assert_eq!(first.status, 200, "{framework:?}");
     assert!(
@@ -472,12 +425,7 @@ fn a_client_that_hangs_up_mid_stream_gets_the_whole_stream_on_retry(framework: F
         "{framework:?}: it hung up after the first event"
     );
     std::thread::sleep(Duration::from_secs(3));
-    let retry = post(server.addr, "/events", Some("gone"), false);
-    assert_eq!(
-        (retry.status, retry.replayed()),
-        (200, true),
-        "{framework:?}: {retry:?}"
-    );
+    let retry = replay(framework, server.addr, "/events", "gone", 200);
     assert!(retry.whole, "{framework:?}");
     assert_eq!(
         retry.body,
@@ -488,8 +436,7 @@ fn a_client_that_hangs_up_mid_stream_gets_the_whole_stream_on_retry(framework: F
 }
 
 fn a_stream_that_fails_mid_way_is_cut_and_never_rerun(framework: Framework) {
-    let runs = Arc::new(Runs::default());
-    let server = start(framework, Some(store()), &runs);
+    let (runs, server) = serve(framework);
     let first = post(server.addr, "/failing", Some("broken"), false);
     assert_eq!(first.status, 200, "{framework:?}: {first:?}");
     let two: Vec<u8> = all_events(1)
@@ -507,12 +454,7 @@ fn a_stream_that_fails_mid_way_is_cut_and_never_rerun(framework: Framework) {
         "{framework:?}: the connection is cut, not ended"
     );
     for _ in 0..2 {
-        let retry = post(server.addr, "/failing", Some("broken"), false);
-        assert_eq!(
-            (retry.status, retry.replayed()),
-            (500, true),
-            "{framework:?}: {retry:?}"
-        );
+        let retry = replay(framework, server.addr, "/failing", "broken", 500);
         assert_eq!(
             retry.problem_type(),
             problem_type::NOT_STORED,
@@ -523,8 +465,7 @@ fn a_stream_that_fails_mid_way_is_cut_and_never_rerun(framework: Framework) {
 }
 
 fn a_duplicate_while_the_stream_runs_gets_409_and_runs_nothing(framework: Framework) {
-    let runs = Arc::new(Runs::default());
-    let server = start(framework, Some(store()), &runs);
+    let (runs, server) = serve(framework);
     let addr = server.addr;
     let first = std::thread::spawn(move || post(addr, "/events", Some("busy"), false));
     std::thread::sleep(GAP + GAP / 2);

@@ -15,16 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-#[allow(dead_code)] // its `main` is not used here
-#[path = "../../examples/payments_server.rs"]
-mod payments_server;
-
-#[allow(dead_code)]
-#[path = "../../examples/payments_service/client.rs"]
-mod client;
-
-use client::Client;
-use payments_server::server;
+use crate::client::Client;
+use crate::payments_server::{self, server};
 
 /// A server whose handler answers `METHOD PATH BODY` and counts its calls.
 fn echo_server(threads: usize, limits: server::Limits) -> (server::Running, Arc<AtomicUsize>) {

@@ -417,14 +417,7 @@ fn postgres_counts_each_outcome() {
         return;
     };
     let schema = format!("metrics_{}", std::process::id());
-    let admin = |sql: &str| {
-        let mut client = postgres::Client::connect(
-            &url.replace(" prepare_statements=false", ""),
-            postgres::NoTls,
-        )
-        .expect("connect");
-        client.batch_execute(sql).expect("admin sql");
-    };
+    let admin = |sql: &str| crate::common::pg::admin(&url, sql);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     let clock = ManualClock::new(Timestamp::from_millis(T0));
     let store = idempotency_store::pg::PgStore::builder()
@@ -469,14 +462,7 @@ fn postgres_counts_claim_wait_waits_and_timeouts() {
         return;
     };
     let schema = format!("metrics_wait_{}", std::process::id());
-    let admin = |sql: &str| {
-        let mut client = postgres::Client::connect(
-            &url.replace(" prepare_statements=false", ""),
-            postgres::NoTls,
-        )
-        .expect("connect");
-        client.batch_execute(sql).expect("admin sql");
-    };
+    let admin = |sql: &str| crate::common::pg::admin(&url, sql);
     admin(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     let store = idempotency_store::pg::PgStore::builder()
         .schema(schema.as_str())

@@ -7,6 +7,8 @@
 #![cfg(feature = "postgres")]
 
 use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -17,6 +19,37 @@ use idempotency_store::{
 };
 
 pub const THREADS: usize = 32;
+
+/// The set-up script that the environment variable `var` names (`setup`, run as root); `None`,
+/// with the reason printed, when it is unset (a failure under `CI=true`).
+pub fn script(var: &str, setup: &str) -> Option<PathBuf> {
+    match std::env::var(var) {
+        Ok(path) if !path.trim().is_empty() => Some(PathBuf::from(path)),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but {var} is not set (see .ci/run)")
+        }
+        _ => {
+            eprintln!("skipped: {var} (the path of {setup}, run as root) is not set; see .ci/run");
+            None
+        }
+    }
+}
+
+/// Runs the set-up script with `args`; its standard output.
+pub fn run(script: &PathBuf, args: &[&str]) -> String {
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run the set-up script");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 pub fn builder() -> idempotency_store::pg::PgStoreBuilder {
     let mut builder = PgStore::builder();

@@ -34,7 +34,7 @@ use idempotency_store::{
     Claim, ClaimId, Error, IdempotencyStore, Key, pg::FailoverSafety, pg::PgStore,
 };
 
-use crate::failover_load::{Figures, Load, builder, check, fingerprint};
+use crate::failover_load::{self, Figures, Load, builder, check, fingerprint, run};
 /// Load before the crash.
 const WARM_UP: Duration = Duration::from_secs(3);
 /// Load after the first success on the promoted server.
@@ -46,19 +46,7 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn script() -> Option<PathBuf> {
-    match std::env::var("IDEMPOTENCY_PG_FAILOVER") {
-        Ok(path) if !path.trim().is_empty() => Some(PathBuf::from(path)),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IDEMPOTENCY_PG_FAILOVER is not set (see .ci/run)")
-        }
-        _ => {
-            eprintln!(
-                "skipped: IDEMPOTENCY_PG_FAILOVER (the path of .ci/pg-failover-setup, run as \
-                 root) is not set; see .ci/run"
-            );
-            None
-        }
-    }
+    failover_load::script("IDEMPOTENCY_PG_FAILOVER", ".ci/pg-failover-setup")
 }
 
 /// The primary and the standby; dropped with the value.
@@ -106,21 +94,6 @@ impl Drop for Clusters {
     fn drop(&mut self) {
         let _ = Command::new(&self.script).arg("down").status();
     }
-}
-
-fn run(script: &PathBuf, args: &[&str]) -> String {
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run the set-up script");
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Connects with `tracing` events captured (feature `tracing`); returns them with the store.

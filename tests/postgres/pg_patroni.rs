@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_store::{Claim, IdempotencyStore, Key, pg::PgStore};
 
-use crate::failover_load::{Load, builder, check, fingerprint};
+use crate::failover_load::{self, Load, builder, check, fingerprint};
 
 /// Load before the fault.
 const WARM_UP: Duration = Duration::from_secs(3);
@@ -48,34 +48,12 @@ const CHECK_PERIOD: Duration = Duration::from_millis(500);
 const COOL_DOWN: Duration = Duration::from_secs(2);
 
 fn script() -> Option<PathBuf> {
-    match std::env::var("IDEMPOTENCY_PG_PATRONI") {
-        Ok(path) if !path.trim().is_empty() => Some(PathBuf::from(path)),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but IDEMPOTENCY_PG_PATRONI is not set (see .ci/run)")
-        }
-        _ => {
-            eprintln!(
-                "skipped: IDEMPOTENCY_PG_PATRONI (the path of .ci/patroni-setup, run as root) \
-                 is not set; see .ci/run"
-            );
-            None
-        }
-    }
+    failover_load::script("IDEMPOTENCY_PG_PATRONI", ".ci/patroni-setup")
 }
 
+/// The set-up script's output, trimmed.
 fn run(script: &PathBuf, args: &[&str]) -> String {
-    let out = Command::new(script)
-        .args(args)
-        .output()
-        .expect("run the set-up script");
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    failover_load::run(script, args).trim().to_owned()
 }
 
 /// The Patroni cluster; deleted with the value.

@@ -205,12 +205,7 @@ mod postgres_backend {
         }
 
         fn admin(&self, sql: &str) {
-            let mut client = postgres::Client::connect(
-                &self.url.replace(" prepare_statements=false", ""),
-                postgres::NoTls,
-            )
-            .expect("admin connection");
-            client.batch_execute(sql).expect("admin statement");
+            crate::common::pg::admin(&self.url, sql);
         }
 
         fn open(&self, clock: &ManualClock, lease: Duration, retention: Duration) -> PgStore {

@@ -1,7 +1,7 @@
 //! History checks (issue 21): many threads call random operations on a few keys of one store
 //! while the clock moves; every call is recorded and the history is checked per key for
 //! linearizability against the reference model, token order and at most one live lease (the
-//! checker is in `tests/history/mod.rs`). Both backends: the redb `Store` with a manual clock,
+//! checker is in `tests/history/`). Both backends: the redb `Store` with a manual clock,
 //! and with `--features postgres` `PgStore` with a manual clock and with the server's clock.
 //!
 //! `cargo test` runs short histories. The long runs (8 and 64 threads, 100,000 calls, 3 seeds,

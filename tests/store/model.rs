@@ -1,7 +1,7 @@
 //! Model-based tests: random sequences of store calls, checked step by step against a plain
 //! in-memory model of the documented semantics (`Store::claim`, `complete`, `release`,
 //! `heartbeat`, `checkpoint`, `lookup`, `sweep`). The model and the step runner live in
-//! `tests/reference/mod.rs`, shared with the `store_ops` fuzz target; here are the proptest
+//! `tests/reference/`, shared with the `store_ops` fuzz target; here are the proptest
 //! strategies, a sequential run on a real store file (with reopen) and a concurrent one.
 //!
 //! Failures are persisted next to this file in `model.proptest-regressions`.
