@@ -26,7 +26,9 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -39,6 +41,8 @@ use crate::error::{Error, Result};
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
     max_batch: usize,
+    /// Write calls that shared a batch with a rider (see [`Committer::ride`]).
+    carried: AtomicU64,
 }
 
 #[derive(Default)]
@@ -46,6 +50,8 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// A leader is running a batch, or has been appointed and will.
     leader: bool,
+    /// A call waiting to join the next batch of other calls (see [`Committer::ride`]).
+    rider: Option<Box<dyn Pending>>,
 }
 
 /// Where one caller waits for its turn to lead or for its result: a thread on the condvar,
@@ -89,6 +95,19 @@ impl<T> Slot<T> {
         self.changed.notify_one();
         if let Some(waker) = waker {
             waker.wake();
+        }
+    }
+
+    /// Waits up to `timeout` for this caller's turn to lead or its result; `None` if neither
+    /// came (or the wait woke early).
+    fn wait_for(&self, timeout: Duration) -> Option<Turn<T>> {
+        let mut state = self.state.lock();
+        if matches!(state.turn, Turn::Queued) {
+            self.changed.wait_for(&mut state, timeout);
+        }
+        match std::mem::replace(&mut state.turn, Turn::Queued) {
+            Turn::Queued => None,
+            turn => Some(turn),
         }
     }
 
@@ -293,6 +312,16 @@ impl Job {
         }))
     }
 
+    /// `write` as a call of its own, for [`Committer::ride`].
+    pub(crate) fn pending<W: Write>(write: W, slot: Arc<Slot<W::Output>>) -> Box<dyn Pending> {
+        Box::new(Queued {
+            write: Some(write),
+            reply: Reply::new(slot),
+            appoint: None,
+            is_async: false,
+        })
+    }
+
     /// `write` from an async caller, answered in `slot`, which leads through `appoint`.
     pub(crate) fn write_async<W: Write>(
         write: W,
@@ -357,6 +386,56 @@ impl Committer {
         Committer {
             queue: Mutex::new(Queue::default()),
             max_batch,
+            carried: AtomicU64::new(0),
+        }
+    }
+
+    /// Write calls so far that shared a batch with a rider.
+    pub(crate) fn carried(&self) -> u64 {
+        self.carried.load(Ordering::Relaxed)
+    }
+
+    /// Runs `rider` (a sweep's step), whose caller waits on `slot`, in the next batch of other
+    /// callers' calls, after them: it adds no sync of its own, and no caller queues behind a
+    /// batch of its own. Only if no leader is active when `patience` has passed (the store is
+    /// idle) does it lead a batch of its own. A second rider while one waits is queued as any
+    /// call.
+    pub(crate) fn ride<T, F>(
+        &self,
+        rider: Box<dyn Pending>,
+        slot: &Slot<T>,
+        patience: Duration,
+        run: F,
+    ) -> Result<T>
+    where
+        F: Fn(&mut Batch) -> Result<()>,
+    {
+        {
+            let mut queue = self.queue.lock();
+            if queue.rider.is_some() {
+                drop(queue);
+                return self.submit(Job::Write(rider), slot, run);
+            }
+            queue.rider = Some(rider);
+        }
+        loop {
+            match slot.wait_for(patience) {
+                Some(Turn::Done(result)) => return result,
+                Some(Turn::Lead) => self.lead(&run),
+                Some(Turn::Queued) => {}
+                None => {
+                    let mut queue = self.queue.lock();
+                    // No leader: the queue is empty, so the rider goes to its head and leads.
+                    if !queue.leader
+                        && let Some(rider) = queue.rider.take()
+                    {
+                        queue.jobs.push_back(Job::Write(rider));
+                        queue.leader = true;
+                        drop(queue);
+                        slot.set(Turn::Lead);
+                    }
+                }
+            }
         }
     }
 
@@ -466,7 +545,19 @@ impl Committer {
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch, async_only);
+        let mut batch = {
+            let mut queue = self.queue.lock();
+            let mut batch = take_batch(&mut queue.jobs, self.max_batch, async_only);
+            if let Batch::Writes(writes) = &mut batch
+                && !writes.is_empty()
+                && let Some(rider) = queue.rider.take()
+            {
+                let carried = u64::try_from(writes.len()).unwrap_or(u64::MAX);
+                self.carried.fetch_add(carried, Ordering::Relaxed);
+                writes.push(rider);
+            }
+            batch
+        };
         // Declared after `batch`, so dropped before it even in a panic: the next leader is
         // appointed before this batch's callers get their results.
         let handoff = Handoff {
