@@ -113,6 +113,11 @@ pub trait Backend: Send + Sync {
     /// As for [`IdempotencyStore::sweep`](crate::IdempotencyStore::sweep).
     fn sweep(&self, limit: usize) -> Result<Swept>;
 
+    /// How many records one round of `sweep_all` asks [`sweep`](Backend::sweep) for.
+    fn sweep_all_round(&self) -> usize {
+        SWEEP_BATCH
+    }
+
     /// Checks the stored records' invariants ([`IdempotencyStore::verify`](crate::IdempotencyStore::verify)).
     ///
     /// # Errors

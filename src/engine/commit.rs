@@ -28,7 +28,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -37,6 +36,8 @@ use crate::engine::batch::{Access, Ctx, Direct, Fail, Layered, Tables};
 use crate::engine::ops::Write;
 use crate::engine::scan::Swept;
 use crate::error::{Error, Result};
+
+mod ride;
 
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
@@ -95,19 +96,6 @@ impl<T> Slot<T> {
         self.changed.notify_one();
         if let Some(waker) = waker {
             waker.wake();
-        }
-    }
-
-    /// Waits up to `timeout` for this caller's turn to lead or its result; `None` if neither
-    /// came (or the wait woke early).
-    fn wait_for(&self, timeout: Duration) -> Option<Turn<T>> {
-        let mut state = self.state.lock();
-        if matches!(state.turn, Turn::Queued) {
-            self.changed.wait_for(&mut state, timeout);
-        }
-        match std::mem::replace(&mut state.turn, Turn::Queued) {
-            Turn::Queued => None,
-            turn => Some(turn),
         }
     }
 
@@ -387,55 +375,6 @@ impl Committer {
             queue: Mutex::new(Queue::default()),
             max_batch,
             carried: AtomicU64::new(0),
-        }
-    }
-
-    /// Write calls so far that shared a batch with a rider.
-    pub(crate) fn carried(&self) -> u64 {
-        self.carried.load(Ordering::Relaxed)
-    }
-
-    /// Runs `rider` (a sweep's step), whose caller waits on `slot`, in the next batch of other
-    /// callers' calls, after them: it adds no sync of its own, and no caller queues behind a
-    /// batch of its own. Only if no leader is active when `patience` has passed (the store is
-    /// idle) does it lead a batch of its own. A second rider while one waits is queued as any
-    /// call.
-    pub(crate) fn ride<T, F>(
-        &self,
-        rider: Box<dyn Pending>,
-        slot: &Slot<T>,
-        patience: Duration,
-        run: F,
-    ) -> Result<T>
-    where
-        F: Fn(&mut Batch) -> Result<()>,
-    {
-        {
-            let mut queue = self.queue.lock();
-            if queue.rider.is_some() {
-                drop(queue);
-                return self.submit(Job::Write(rider), slot, run);
-            }
-            queue.rider = Some(rider);
-        }
-        loop {
-            match slot.wait_for(patience) {
-                Some(Turn::Done(result)) => return result,
-                Some(Turn::Lead) => self.lead(&run),
-                Some(Turn::Queued) => {}
-                None => {
-                    let mut queue = self.queue.lock();
-                    // No leader: the queue is empty, so the rider goes to its head and leads.
-                    if !queue.leader
-                        && let Some(rider) = queue.rider.take()
-                    {
-                        queue.jobs.push_back(Job::Write(rider));
-                        queue.leader = true;
-                        drop(queue);
-                        slot.set(Turn::Lead);
-                    }
-                }
-            }
         }
     }
 

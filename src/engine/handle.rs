@@ -25,9 +25,9 @@ use crate::engine::meta::{Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::poison::Poison;
+use crate::engine::scan::Pace;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
-use crate::engine::sweep::Cursor;
 use crate::engine::tables::RecordsRead;
 use crate::engine::wal::{self, Change, Log, LogFile};
 use crate::error::{Error, Result};
@@ -48,15 +48,16 @@ pub(crate) struct Engine {
     /// Writes full overlay generations into redb; see `flush`.
     pub(super) flusher: Flusher,
     /// When a generation is full (see `hand_over`).
-    pub(super) generation: Generation,
+    generation: Generation,
     /// The highest time the engine has used; its clock never goes below it.
     high_water: AtomicU64,
     /// Set by a failure that may have lost data; every write checks it (see `poison`).
     pub(super) poison: Arc<Poison>,
     /// Batches, log writes and merges, for `Store::metrics`.
     pub(crate) stats: Arc<EngineStats>,
-    /// Where the next sweep step starts; held for a whole sweep (see `sweep`).
-    pub(super) sweep_cursor: Mutex<Cursor>,
+    /// Where the next sweep step starts and how large it may be; held for a whole sweep
+    /// (see `sweep`).
+    pub(super) sweep_pace: Mutex<Pace>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -154,7 +155,7 @@ impl Engine {
             high_water: AtomicU64::new(high_water),
             poison,
             stats,
-            sweep_cursor: Mutex::new((0, 0)),
+            sweep_pace: Mutex::default(),
         })
     }
 

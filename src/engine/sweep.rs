@@ -5,12 +5,12 @@
 //! rides along in the next batch of other callers' write calls (`Committer::ride`): its
 //! deletions go through the overlay and the log like any call's, re-checked against the
 //! batch's own view of each key, so it adds no sync of its own and no claim queues behind a
-//! transaction of its own. While the flush thread is busy and the overlay already holds a
-//! generation, a step waits, so that deletions cannot pile up into the overlay faster than
-//! redb takes them. What a snapshot cannot show (records only the overlay holds, an index
-//! entry with no record, a record that does not decode) is left to one direct round once the
-//! snapshot shows nothing more: it writes the overlay into redb and sweeps there, as every
-//! sweep round did before.
+//! transaction of its own. While the flush thread is busy (writing a generation, merging), a
+//! step waits, so that deletions cannot pile up in the overlay and the log faster than redb
+//! takes them. What a snapshot cannot show (expired records only the overlay holds, an index
+//! entry with no record, a record that does not decode) is left to a direct round: it writes
+//! the overlay into redb and sweeps there, as every sweep round did before. So records go in
+//! the index's order (oldest expiry first, ties by key hash) as they always did.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,24 +22,26 @@ use crate::engine::commit::{Job, Slot};
 use crate::engine::effects::not_in_effect;
 use crate::engine::handle::Engine;
 use crate::engine::ops::Write;
-use crate::engine::scan::Swept;
+use crate::engine::scan::{Cursor, Pace, STEP, Swept};
 use crate::engine::snapshot::{Snapshot, Snapshots};
 use crate::engine::tables::EXPIRY;
 use crate::error::Result;
 
-/// The most records one step deletes, so that the batch it rides in grows by little.
-pub(crate) const STEP: usize = 64;
+/// The most records a step deletes when the last one found no batch to ride (no claims are
+/// being made): it doubles from [`STEP`] up to this.
+const STEP_ALONE: usize = 1024;
+
+/// How many records one round of `sweep_all` asks for: as many as the largest step.
+pub(crate) const ROUND: usize = STEP_ALONE;
 
 /// How long a step waits for a batch of other calls to ride in before it leads one of its
 /// own: a caller that claims again at once takes far less to queue its next call.
 const PATIENCE: Duration = Duration::from_millis(1);
 
-/// How long a step waits at a time for the flush thread, and at most in all.
+/// How long a step waits at a time for the flush thread, and at most in all (so that a
+/// flush thread kept busy by claims slows a sweep down but cannot stop it).
 const PACE: Duration = Duration::from_millis(1);
-const PACE_LIMIT: Duration = Duration::from_millis(200);
-
-/// Where in the expiry index the next step starts: `(expires_at, hash)`.
-pub(crate) type Cursor = (u64, u64);
+const PACE_LIMIT: Duration = Duration::from_secs(1);
 
 /// An expired record a scan found: its stored key, its expiry and its bytes in redb.
 struct Found {
@@ -94,13 +96,13 @@ impl Engine {
         not_in_effect()?;
         self.poison.check()?;
         let started = Instant::now();
-        let mut cursor = self.sweep_cursor.lock();
+        let mut pace = self.sweep_pace.lock();
         let mut swept = Swept {
             deleted: 0,
             more: false,
         };
         while swept.deleted < limit {
-            let step = self.sweep_step(&mut cursor, (limit - swept.deleted).min(STEP))?;
+            let step = self.sweep_step(&mut pace, limit - swept.deleted)?;
             swept.deleted += step.deleted;
             swept.more = step.more;
             if !step.more {
@@ -111,17 +113,30 @@ impl Engine {
         Ok(swept)
     }
 
-    /// One step of at most `limit` records from `cursor`, which it moves on.
-    fn sweep_step(&self, cursor: &mut Cursor, limit: usize) -> Result<Swept> {
+    /// One step of at most `limit` records, and at most as many as `pace` allows, from its
+    /// cursor, which it moves on.
+    fn sweep_step(&self, pace: &mut Pace, limit: usize) -> Result<Swept> {
         let now = self.now();
+        let limit = limit.min(pace.step);
+        // Records only the overlay holds that expired: the snapshot cannot show them in their
+        // place in the index's order, so the direct round takes them.
+        if self.overlay.first_expiry() <= now.as_millis() {
+            pace.cursor = (0, 0);
+            return self.sweep_direct(limit);
+        }
         let snapshot = self.snapshots.get(self.db()?)?;
-        match scan(&snapshot, *cursor, now, limit)? {
+        match scan(&snapshot, pace.cursor, now, limit)? {
             Scan::Found(found, next) => {
-                *cursor = next;
+                pace.cursor = next;
                 let at = Snapshots::epoch(&snapshot);
                 drop(snapshot);
                 self.pace();
-                let deleted = self.ride(DeleteExpired { found, at })?;
+                let (deleted, rode) = self.ride(DeleteExpired { found, at })?;
+                pace.step = if rode {
+                    STEP
+                } else {
+                    (pace.step * 2).min(STEP_ALONE)
+                };
                 Ok(Swept {
                     deleted,
                     more: true,
@@ -129,31 +144,28 @@ impl Engine {
             }
             Scan::Nothing => {
                 drop(snapshot);
-                *cursor = (0, 0);
+                pace.cursor = (0, 0);
                 self.sweep_direct(limit)
             }
         }
     }
 
-    /// Runs `write` in the next batch of other calls (see `Committer::ride`).
-    fn ride<W: Write>(&self, write: W) -> Result<W::Output> {
+    /// Runs `write` in the next batch of other calls (see `Committer::ride`); also whether it
+    /// did, or led a batch of its own.
+    fn ride<W: Write>(&self, write: W) -> Result<(W::Output, bool)> {
         let slot = Arc::new(Slot::default());
         let rider = Job::pending(write, Arc::clone(&slot));
         self.committer
             .ride(rider, &slot, PATIENCE, |batch| self.run_batch(batch))
     }
 
-    /// Waits while the flush thread is busy and the overlay's active generation is full, for
-    /// at most [`PACE_LIMIT`]: a sweep must not fill the overlay to the point where a batch
-    /// writes it into redb itself.
+    /// Waits while the flush thread is busy, for at most [`PACE_LIMIT`]. Deletions fill the
+    /// overlay and the log like any change: added while the thread writes a generation or
+    /// merges, they would hasten the moment when a claim's batch finds the log's half full or
+    /// the overlay at its limit with the thread still busy, and waits for it.
     fn pace(&self) {
         let started = Instant::now();
-        while !self.flusher.idle()
-            && self
-                .generation
-                .reached(1, (self.overlay.len(), self.overlay.bytes()))
-            && started.elapsed() < PACE_LIMIT
-        {
+        while self.flusher.busy() && started.elapsed() < PACE_LIMIT {
             std::thread::sleep(PACE);
         }
         self.stats.paced(started.elapsed());
