@@ -145,11 +145,12 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
             / (base_n as f64 / window.as_secs_f64())
     });
     let file_after = file_len(&file);
-    if let Some(e) = store.metrics().engine {
+    let metrics = store.metrics();
+    if let Some(e) = metrics.engine {
         out.line(format!(
             "engine: {} swept in {:.2} s ({:.2} s paced), {} calls shared a batch with a sweep, \
              {} merges (slowest {:.0} ms), {} batches",
-            e.swept,
+            metrics.swept,
             e.sweep_time.as_secs_f64(),
             e.sweep_paced.as_secs_f64(),
             e.sweep_shared_calls,

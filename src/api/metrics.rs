@@ -135,9 +135,8 @@ pub struct EngineMetrics {
     pub overlay_bytes: u64,
     /// The store file's size, in bytes (`None` in memory).
     pub file_bytes: Option<u64>,
-    /// Records deleted by sweeps (every kind: `sweep`, `sweep_all`, the background sweeper).
-    pub swept: u64,
-    /// Time spent in sweep calls, pacing included.
+    /// Time spent in sweep calls (every kind: `sweep`, `sweep_all`, the background sweeper),
+    /// pacing included; the records they deleted are [`Metrics::swept`].
     pub sweep_time: Duration,
     /// Of that, the time sweeps waited for the flush thread to take the overlay into the
     /// database, so that deletions do not pile up faster than it writes them.

@@ -19,7 +19,6 @@ pub(crate) struct EngineStats {
     merges: AtomicU64,
     last_merge_ns: AtomicU64,
     max_merge_ns: AtomicU64,
-    swept: AtomicU64,
     sweep_ns: AtomicU64,
     sweep_paced_ns: AtomicU64,
 }
@@ -58,10 +57,8 @@ impl EngineStats {
         elapsed
     }
 
-    /// A sweep call deleted `records` in `elapsed`.
-    pub(crate) fn swept(&self, records: usize, elapsed: Duration) {
-        self.swept
-            .fetch_add(u64::try_from(records).unwrap_or(u64::MAX), Relaxed);
+    /// A sweep call took `elapsed`.
+    pub(crate) fn swept(&self, elapsed: Duration) {
         self.sweep_ns.fetch_add(nanos(elapsed), Relaxed);
     }
 
@@ -80,7 +77,6 @@ impl EngineStats {
             merges: self.merges.load(Relaxed),
             last_merge: Duration::from_nanos(self.last_merge_ns.load(Relaxed)),
             max_merge: Duration::from_nanos(self.max_merge_ns.load(Relaxed)),
-            swept: self.swept.load(Relaxed),
             sweep_time: Duration::from_nanos(self.sweep_ns.load(Relaxed)),
             sweep_paced: Duration::from_nanos(self.sweep_paced_ns.load(Relaxed)),
             ..EngineMetrics::default()

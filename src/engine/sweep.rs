@@ -109,7 +109,7 @@ impl Engine {
                 break;
             }
         }
-        self.stats.swept(swept.deleted, started.elapsed());
+        self.stats.swept(started.elapsed());
         Ok(swept)
     }
 
