@@ -8,8 +8,8 @@
 //! store's flush thread (`flush`) writes it into redb in one commit without a sync, while
 //! batches fill the next. The whole overlay is written by the writer itself
 //! (`Engine::flush_overlay`) before anything that writes redb directly or walks its tables: a
-//! merge, a sweep, a batch of a store with quotas, `complete_with`, `stats`, `verify`,
-//! `records`. The log holds everything the overlay does, so a crash loses nothing.
+//! merge, a sweep's direct round, a batch of a store with quotas, `complete_with`, `stats`,
+//! `verify`, `records`. The log holds everything the overlay does, so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
 //! changes under it (the flush thread only reads the frozen generation, and the writer empties
