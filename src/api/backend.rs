@@ -17,12 +17,12 @@ use crate::api::response::Response;
 use crate::api::settings::Settings;
 use crate::error::Result;
 
-/// How many expired records one round of `sweep_all` deletes, on every backend (the CLI's
-/// `sweep` uses the same rounds). Each round is one bounded transaction. Expired keys are
-/// scattered through the records table, so each deletion dirties a page of its own; a claim
-/// queued behind a sweep waits for at most one round (sweeps never share a batch), so this
-/// bounds a sweep's effect on claim latency. BENCHMARKS.md ("Figures behind the defaults")
-/// has the measurements behind 64.
+/// How many expired records one round of `sweep_all` deletes on PostgreSQL (the CLI's
+/// `sweep` uses the same rounds), and the most one step of the redb store's sweeps deletes
+/// (which asks for larger rounds: `Backend::sweep_all_round`). Expired keys are scattered
+/// through the records table, so each deletion dirties a page of its own; a claim waits for
+/// at most one round or step, so this bounds a sweep's effect on claim latency.
+/// BENCHMARKS.md ("Figures behind the defaults") has the measurements behind 64.
 pub(crate) const SWEEP_BATCH: usize = 64;
 
 /// One store operation per method, as a backend does it, before counting: the contract a
@@ -112,6 +112,11 @@ pub trait Backend: Send + Sync {
     /// # Errors
     /// As for [`IdempotencyStore::sweep`](crate::IdempotencyStore::sweep).
     fn sweep(&self, limit: usize) -> Result<Swept>;
+
+    /// How many records one round of `sweep_all` asks [`sweep`](Backend::sweep) for.
+    fn sweep_all_round(&self) -> usize {
+        SWEEP_BATCH
+    }
 
     /// Checks the stored records' invariants ([`IdempotencyStore::verify`](crate::IdempotencyStore::verify)).
     ///

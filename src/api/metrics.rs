@@ -135,6 +135,15 @@ pub struct EngineMetrics {
     pub overlay_bytes: u64,
     /// The store file's size, in bytes (`None` in memory).
     pub file_bytes: Option<u64>,
+    /// Time spent in sweep calls (every kind: `sweep`, `sweep_all`, the background sweeper),
+    /// pacing included; the records they deleted are [`Metrics::swept`].
+    pub sweep_time: Duration,
+    /// Of that, the time sweeps waited for the flush thread to take the overlay into the
+    /// database, so that deletions do not pile up faster than it writes them.
+    pub sweep_paced: Duration,
+    /// Write calls whose batch also carried a sweep's deletions: the claims (and other calls)
+    /// a sweep may have delayed, each by the time its deletions took to apply.
+    pub sweep_shared_calls: u64,
     /// When the background sweeper last finished a round (`None`: it never did).
     pub sweeper_last_run: Option<SystemTime>,
     /// The error of the background sweeper's last failed round, if one failed. A failed round

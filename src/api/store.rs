@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::api::backend::{Backend, SWEEP_BATCH};
+use crate::api::backend::Backend;
 use crate::api::clock::Timestamp;
 use crate::api::fingerprint::Fingerprint;
 use crate::api::key::Key;
@@ -274,14 +274,16 @@ pub trait IdempotencyStore: sealed::Sealed + Send + Sync {
     /// treated as absent by every call, the order shows only in record counts between sweeps.
     ///
     /// # Errors
-    /// [`Error::Storage`] if the deletion fails (nothing is deleted then; `PgStore` may delete
-    /// in several statements, for more than 64 records or after skipping a key being claimed,
-    /// and keeps what the earlier ones deleted).
+    /// [`Error::Storage`] if the deletion fails. Both backends may delete in several steps
+    /// and keep what the earlier ones deleted: `PgStore` in statements of 64 records (more
+    /// after skipping a key being claimed), [`Store`](crate::Store) in steps of 64 that ride
+    /// other calls' batches (up to 1024 when no claims are being made).
     fn sweep(&self, limit: usize) -> Result<usize>;
 
     /// Deletes every expired record in bounded rounds of [`sweep`](IdempotencyStore::sweep)
-    /// (64 records each, so that other writers get the writer between them) and returns the
-    /// total deleted.
+    /// and returns the total deleted. On PostgreSQL a round is 64 records, so other writers
+    /// get the writer between rounds; the redb store's rounds ride other calls' batches in
+    /// steps of 64 (`docs/operations.md`, "Sweeps").
     ///
     /// # Errors
     /// As for [`sweep`](IdempotencyStore::sweep); records deleted by earlier rounds stay
@@ -506,7 +508,7 @@ impl<B: Backend + ?Sized> IdempotencyStore for B {
     fn sweep_all(&self) -> Result<u64> {
         let mut total = 0;
         loop {
-            let swept = counted_sweep(self, SWEEP_BATCH)?;
+            let swept = counted_sweep(self, self.sweep_all_round())?;
             total += swept.deleted as u64;
             if !swept.more {
                 return Ok(total);

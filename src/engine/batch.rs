@@ -110,6 +110,17 @@ pub(crate) trait Access {
         let _ = absent_at;
         self.bytes(key)
     }
+    /// Like `bytes`, for a key a sweep found holding `scanned` in redb at the snapshot counter
+    /// `at` (see `sweep::Scan`).
+    fn bytes_as_scanned(
+        &self,
+        key: &[u8],
+        at: u64,
+        scanned: &[u8],
+    ) -> Result<Option<Vec<u8>>, Fail> {
+        let _ = (at, scanned);
+        self.bytes(key)
+    }
     /// Sets (or with `None` deletes) the key's record bytes; returns the old length.
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail>;
     /// Files (`present`) or unfiles the key under `expires_at` in the expiry index.
@@ -201,6 +212,34 @@ impl Layered<'_> {
             }
         }
     }
+
+    /// The key's record bytes as this batch sees them. `seen` is what a read outside the
+    /// batch found in redb (`None`: absent) at a snapshot counter: taken as it is if redb has
+    /// not changed since and the overlay knows nothing of the key.
+    fn bytes_seen(
+        &self,
+        key: &[u8],
+        seen: Option<(u64, Option<&[u8]>)>,
+    ) -> Result<Option<Vec<u8>>, Fail> {
+        let hash = overlay::key_hash(key);
+        let known = match self.batch.record_hashed(key, hash) {
+            Some(known) => Some(known.map(<[u8]>::to_vec)),
+            None => self
+                .overlay
+                .with_record_hashed(key, hash, |known| known.map(<[u8]>::to_vec)),
+        };
+        let bytes = match (known, seen) {
+            (Some(known), _) => known,
+            // The batch's snapshot is current under the writer lock: the same counter means
+            // redb has not changed under the overlay since the read saw the key.
+            (None, Some((at, seen))) if at == Snapshots::epoch(self.snapshot) => {
+                seen.map(<[u8]>::to_vec)
+            }
+            (None, _) => self.snapshot.records.get(key)?,
+        };
+        self.remember(key, hash, bytes.as_ref().map(Vec::len));
+        Ok(bytes)
+    }
 }
 
 impl<'a> Tables<Layered<'a>> {
@@ -275,24 +314,16 @@ impl Access for Layered<'_> {
         key: &[u8],
         absent_at: Option<u64>,
     ) -> Result<Option<Vec<u8>>, Fail> {
-        let hash = overlay::key_hash(key);
-        let known = match self.batch.record_hashed(key, hash) {
-            Some(known) => Some(known.map(<[u8]>::to_vec)),
-            None => self
-                .overlay
-                .with_record_hashed(key, hash, |known| known.map(<[u8]>::to_vec)),
-        };
-        let bytes = match known {
-            Some(known) => known,
-            // The batch's snapshot is current under the writer lock: the same counter means
-            // redb has not changed under the overlay since the read found the key absent.
-            None if absent_at.is_some() && absent_at == Some(Snapshots::epoch(self.snapshot)) => {
-                None
-            }
-            None => self.snapshot.records.get(key)?,
-        };
-        self.remember(key, hash, bytes.as_ref().map(Vec::len));
-        Ok(bytes)
+        self.bytes_seen(key, absent_at.map(|at| (at, None)))
+    }
+
+    fn bytes_as_scanned(
+        &self,
+        key: &[u8],
+        at: u64,
+        scanned: &[u8],
+    ) -> Result<Option<Vec<u8>>, Fail> {
+        self.bytes_seen(key, Some((at, Some(scanned))))
     }
 
     fn set(&mut self, key: &[u8], record: Option<&[u8]>) -> Result<Option<usize>, Fail> {

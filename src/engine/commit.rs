@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use parking_lot::{Condvar, Mutex};
@@ -36,9 +37,13 @@ use crate::engine::ops::Write;
 use crate::engine::scan::Swept;
 use crate::error::{Error, Result};
 
+mod ride;
+
 pub(crate) struct Committer {
     queue: Mutex<Queue>,
     max_batch: usize,
+    /// Write calls that shared a batch with a rider (see [`Committer::ride`]).
+    carried: AtomicU64,
 }
 
 #[derive(Default)]
@@ -46,6 +51,8 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// A leader is running a batch, or has been appointed and will.
     leader: bool,
+    /// A call waiting to join the next batch of other calls (see [`Committer::ride`]).
+    rider: Option<Box<dyn Pending>>,
 }
 
 /// Where one caller waits for its turn to lead or for its result: a thread on the condvar,
@@ -293,6 +300,16 @@ impl Job {
         }))
     }
 
+    /// `write` as a call of its own, for [`Committer::ride`].
+    pub(crate) fn pending<W: Write>(write: W, slot: Arc<Slot<W::Output>>) -> Box<dyn Pending> {
+        Box::new(Queued {
+            write: Some(write),
+            reply: Reply::new(slot),
+            appoint: None,
+            is_async: false,
+        })
+    }
+
     /// `write` from an async caller, answered in `slot`, which leads through `appoint`.
     pub(crate) fn write_async<W: Write>(
         write: W,
@@ -357,6 +374,7 @@ impl Committer {
         Committer {
             queue: Mutex::new(Queue::default()),
             max_batch,
+            carried: AtomicU64::new(0),
         }
     }
 
@@ -466,7 +484,19 @@ impl Committer {
     where
         F: Fn(&mut Batch) -> Result<()>,
     {
-        let mut batch = take_batch(&mut self.queue.lock().jobs, self.max_batch, async_only);
+        let mut batch = {
+            let mut queue = self.queue.lock();
+            let mut batch = take_batch(&mut queue.jobs, self.max_batch, async_only);
+            if let Batch::Writes(writes) = &mut batch
+                && !writes.is_empty()
+                && let Some(rider) = queue.rider.take()
+            {
+                let carried = u64::try_from(writes.len()).unwrap_or(u64::MAX);
+                self.carried.fetch_add(carried, Ordering::Relaxed);
+                writes.push(rider);
+            }
+            batch
+        };
         // Declared after `batch`, so dropped before it even in a panic: the next leader is
         // appointed before this batch's callers get their results.
         let handoff = Handoff {

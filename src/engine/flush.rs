@@ -99,6 +99,15 @@ impl Flusher {
         matches!(*self.shared.state.lock(), Phase::Idle)
     }
 
+    /// Whether the thread is writing a generation (or about to): a finished one waiting to be
+    /// collected does not count.
+    pub(crate) fn busy(&self) -> bool {
+        matches!(
+            *self.shared.state.lock(),
+            Phase::Requested(_) | Phase::Writing
+        )
+    }
+
     /// Hands the frozen generation to the thread; it must be idle.
     pub(crate) fn request(&self, job: Task) {
         *self.shared.state.lock() = Phase::Requested(job);

@@ -25,7 +25,7 @@ use crate::engine::meta::{Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::poison::Poison;
-use crate::engine::scan::Swept;
+use crate::engine::scan::Pace;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
 use crate::engine::tables::RecordsRead;
@@ -37,24 +37,27 @@ pub(crate) struct Engine {
     /// panic of redb's own drop on a damaged file.
     db: Option<Arc<Database>>,
     config: Config,
-    committer: Committer,
+    pub(super) committer: Committer,
     /// The log and the counters; locked by the holder of redb's write transaction for as long
     /// as it holds it.
     writer: Mutex<Writer>,
     /// Changes the log holds but redb's tables do not yet; changed only under the writer lock.
-    overlay: Arc<Shared>,
+    pub(super) overlay: Arc<Shared>,
     /// The read snapshot of redb under the overlay that reads share (see `snapshot`).
-    snapshots: Arc<Snapshots>,
+    pub(super) snapshots: Arc<Snapshots>,
     /// Writes full overlay generations into redb; see `flush`.
-    flusher: Flusher,
+    pub(super) flusher: Flusher,
     /// When a generation is full (see `hand_over`).
     generation: Generation,
     /// The highest time the engine has used; its clock never goes below it.
     high_water: AtomicU64,
     /// Set by a failure that may have lost data; every write checks it (see `poison`).
-    poison: Arc<Poison>,
+    pub(super) poison: Arc<Poison>,
     /// Batches, log writes and merges, for `Store::metrics`.
     pub(crate) stats: Arc<EngineStats>,
+    /// Where the next sweep step starts and how large it may be; held for a whole sweep
+    /// (see `sweep`).
+    pub(super) sweep_pace: Mutex<Pace>,
 }
 
 /// What the holder of redb's write transaction works with besides the tables.
@@ -152,6 +155,7 @@ impl Engine {
             high_water: AtomicU64::new(high_water),
             poison,
             stats,
+            sweep_pace: Mutex::default(),
         })
     }
 
@@ -161,6 +165,7 @@ impl Engine {
         EngineMetrics {
             overlay_records,
             overlay_bytes,
+            sweep_shared_calls: self.committer.carried(),
             ..self.stats.snapshot()
         }
     }
@@ -179,7 +184,7 @@ impl Engine {
         Timestamp::from_millis(before.max(wall))
     }
 
-    fn db(&self) -> Result<&Database> {
+    pub(super) fn db(&self) -> Result<&Database> {
         self.db.as_deref().ok_or_else(|| {
             Error::storage(
                 "using the store",
@@ -318,17 +323,6 @@ impl Engine {
         self.committer.lead_async(&|batch| self.run_batch(batch));
     }
 
-    /// Deletes up to `limit` expired records in a transaction of their own.
-    pub(crate) fn sweep(&self, limit: usize) -> Result<Swept> {
-        self.writable()?;
-        not_in_effect()?;
-        self.poison.check()?;
-        let slot = Arc::new(Slot::default());
-        let job = Job::sweep(limit, Arc::clone(&slot));
-        self.committer
-            .submit(job, &slot, |batch| self.run_batch(batch))
-    }
-
     /// `Err(Error::ReadOnly)` for a store opened read-only.
     pub(crate) fn writable(&self) -> Result<()> {
         if self.config.read_only {
@@ -338,7 +332,7 @@ impl Engine {
     }
 
     /// Runs one batch; `Ok` once it is durable.
-    fn run_batch(&self, batch: &mut Batch) -> Result<()> {
+    pub(super) fn run_batch(&self, batch: &mut Batch) -> Result<()> {
         let _span = crate::api::trace::enter!("batch", "redb");
         self.stats.batch(match batch {
             Batch::Writes(writes) => writes.len(),

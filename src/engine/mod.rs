@@ -27,5 +27,6 @@ pub(crate) mod poison;
 pub(crate) mod scan;
 pub(crate) mod snapshot;
 pub(crate) mod stats;
+pub(crate) mod sweep;
 pub(crate) mod tables;
 pub(crate) mod wal;

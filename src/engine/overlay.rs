@@ -8,8 +8,8 @@
 //! store's flush thread (`flush`) writes it into redb in one commit without a sync, while
 //! batches fill the next. The whole overlay is written by the writer itself
 //! (`Engine::flush_overlay`) before anything that writes redb directly or walks its tables: a
-//! merge, a sweep, a batch of a store with quotas, `complete_with`, `stats`, `verify`,
-//! `records`. The log holds everything the overlay does, so a crash loses nothing.
+//! merge, a sweep's direct round, a batch of a store with quotas, `complete_with`, `stats`,
+//! `verify`, `records`. The log holds everything the overlay does, so a crash loses nothing.
 //!
 //! Readers look here first and then in redb; writers hold the writer lock, so the overlay only
 //! changes under it (the flush thread only reads the frozen generation, and the writer empties
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::ops::Range;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::engine::effects::Registry;
 use crate::error::Result;
@@ -307,6 +307,11 @@ pub(crate) struct Shared {
     /// active generation, only under the writer lock.
     active_len: AtomicUsize,
     active_bytes: AtomicUsize,
+    /// The earliest expiry among the index entries each generation added (`u64::MAX`: none),
+    /// so that a sweep learns whether the overlay holds records that expired without walking
+    /// it (see `engine::sweep`).
+    active_first_expiry: AtomicU64,
+    frozen_first_expiry: AtomicU64,
     /// The effect tables, whose positions the effect rows' keys start with.
     registry: std::sync::Arc<Registry>,
 }
@@ -340,6 +345,8 @@ impl Shared {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             active_len: AtomicUsize::new(0),
             active_bytes: AtomicUsize::new(0),
+            active_first_expiry: AtomicU64::new(u64::MAX),
+            frozen_first_expiry: AtomicU64::new(u64::MAX),
             registry,
         }
     }
@@ -412,6 +419,12 @@ impl Shared {
                 active.set(which, key, entry.hash, value);
                 len += active.len().saturating_sub(before.0);
                 bytes += active.bytes().saturating_sub(before.1);
+                if let (Which::Index, Some(_), Some(at)) = (which, &entry.value, key.first_chunk())
+                {
+                    let expires_at = u64::from_be_bytes(*at);
+                    self.active_first_expiry
+                        .fetch_min(expires_at, Ordering::Relaxed);
+                }
             }
         }
         self.active_len.fetch_add(len, Ordering::Relaxed);
@@ -431,6 +444,15 @@ impl Shared {
     fn active_emptied(&self) {
         self.active_len.store(0, Ordering::Relaxed);
         self.active_bytes.store(0, Ordering::Relaxed);
+        self.active_first_expiry.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// The earliest expiry of an index entry either generation added (`u64::MAX`: none); one
+    /// removed again may still count.
+    pub(crate) fn first_expiry(&self) -> u64 {
+        self.active_first_expiry
+            .load(Ordering::Relaxed)
+            .min(self.frozen_first_expiry.load(Ordering::Relaxed))
     }
 
     /// How many records, and bytes, both generations hold.
@@ -454,6 +476,8 @@ impl Shared {
             debug_assert!(frozen.is_empty(), "froze over a generation not yet written");
             std::mem::swap(&mut *active, &mut *frozen);
         }
+        let first = self.active_first_expiry.load(Ordering::Relaxed);
+        self.frozen_first_expiry.store(first, Ordering::Relaxed);
         self.active_emptied();
     }
 
@@ -492,6 +516,7 @@ impl Shared {
             }
             shard.frozen.write().clear();
         }
+        self.frozen_first_expiry.store(u64::MAX, Ordering::Relaxed);
         if active {
             self.active_emptied();
         }

@@ -13,6 +13,28 @@ const ROOM_SWEEP: usize = 64;
 /// How far into the expiry index eviction looks for a completed record.
 const EVICT_SCAN: usize = 256;
 
+/// The most records one step of a sweep deletes (see `sweep`), so that the batch it rides
+/// in grows by little.
+pub(crate) const STEP: usize = 64;
+
+/// Where in the expiry index a sweep's next step starts: `(expires_at, hash)`.
+pub(crate) type Cursor = (u64, u64);
+
+/// Where a sweep's next step starts, and how many records it may delete (see `sweep`).
+pub(crate) struct Pace {
+    pub cursor: Cursor,
+    pub step: usize,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            cursor: (0, 0),
+            step: STEP,
+        }
+    }
+}
+
 /// What one sweep did.
 pub(crate) struct Swept {
     /// Records deleted.

@@ -19,6 +19,8 @@ pub(crate) struct EngineStats {
     merges: AtomicU64,
     last_merge_ns: AtomicU64,
     max_merge_ns: AtomicU64,
+    sweep_ns: AtomicU64,
+    sweep_paced_ns: AtomicU64,
 }
 
 fn nanos(elapsed: Duration) -> u64 {
@@ -55,6 +57,16 @@ impl EngineStats {
         elapsed
     }
 
+    /// A sweep call took `elapsed`.
+    pub(crate) fn swept(&self, elapsed: Duration) {
+        self.sweep_ns.fetch_add(nanos(elapsed), Relaxed);
+    }
+
+    /// A sweep step waited `elapsed` for the flush thread.
+    pub(crate) fn paced(&self, elapsed: Duration) {
+        self.sweep_paced_ns.fetch_add(nanos(elapsed), Relaxed);
+    }
+
     /// The counters now; the caller fills in what the engine does not count itself.
     pub(crate) fn snapshot(&self) -> EngineMetrics {
         EngineMetrics {
@@ -65,6 +77,8 @@ impl EngineStats {
             merges: self.merges.load(Relaxed),
             last_merge: Duration::from_nanos(self.last_merge_ns.load(Relaxed)),
             max_merge: Duration::from_nanos(self.max_merge_ns.load(Relaxed)),
+            sweep_time: Duration::from_nanos(self.sweep_ns.load(Relaxed)),
+            sweep_paced: Duration::from_nanos(self.sweep_paced_ns.load(Relaxed)),
             ..EngineMetrics::default()
         }
     }

@@ -96,6 +96,12 @@ impl Backend for Store {
         self.sweep_round(limit)
     }
 
+    /// Larger than a step: a round rides claims' batches in steps of 64, and only a store
+    /// with no claims to ride lets a step grow (see `engine::sweep`).
+    fn sweep_all_round(&self) -> usize {
+        crate::engine::sweep::ROUND
+    }
+
     fn verify(&self) -> Result<VerifyReport> {
         self.check_tables()
     }

@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 use crate::store::Store;
 
 impl Store {
-    /// One sweep transaction of at most `limit` records. Records that expire in the same
-    /// millisecond go in key-hash order, so a sweep reads at most `limit` index entries
-    /// (`docs/design.md`, "Sweep").
+    /// Deletes at most `limit` records, in steps that ride claims' batches. Records that
+    /// expire in the same millisecond go in key-hash order, so a step reads at most its own
+    /// number of index entries (`docs/design.md`, "Sweep").
     pub(crate) fn sweep_round(&self, limit: usize) -> Result<Swept> {
         if limit == 0 {
             return Ok(Swept {
@@ -30,9 +30,11 @@ impl Store {
         })
     }
 
-    /// Starts a background thread that sweeps expired records every `interval`, in
-    /// transactions of at most `batch` records, giving the writer back to claims between
-    /// transactions. Never started implicitly.
+    /// Starts a background thread that sweeps expired records every `interval`, in rounds
+    /// of at most `batch` records, each in steps that ride claims' batches (as `sweep_all`).
+    /// `start_sweeper(Duration::from_secs(60), 1024)` keeps claims inside their targets
+    /// during a mass expiry without tuning (BENCHMARKS.md, "Sweep, space, recovery"). Never
+    /// started implicitly.
     ///
     /// A failed sweep does not end the thread: it retries after a backoff that starts at
     /// 10 ms and doubles up to `interval`, and [`Sweeper::last_error`] and

@@ -22,3 +22,4 @@ mod fuzz_corpus;
 mod poison;
 mod power_loss;
 mod power_loss_syscalls;
+mod sweep_crash;

@@ -375,6 +375,50 @@ fn redb_reports_merges_file_size_and_the_sweeper() {
     assert_eq!(engine.sweeper_last_error, None);
 }
 
+/// A sweep's pace: the records it deleted, its time, and the calls that shared a batch with
+/// its deletions (claims made while it runs, from another thread).
+#[test]
+fn redb_shows_a_sweeps_pace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(Timestamp::from_millis(T0));
+    let store = Store::builder()
+        .retention(RETENTION)
+        .clock(clock.clone())
+        .open(dir.path().join("store.idem"))
+        .expect("open");
+    for i in 0..3000 {
+        let lease = acquire(&store, &key(&format!("old-{i}")));
+        store
+            .complete(&lease, Response::new(200, "ok"))
+            .expect("complete");
+    }
+    clock.advance(RETENTION);
+    let before = store.metrics();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let claimed = std::thread::scope(|s| {
+        let claimer = s.spawn(|| {
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let _lease = acquire(&store, &key(&format!("new-{n}")));
+                n += 1;
+            }
+            n
+        });
+        assert_eq!(store.sweep_all().expect("sweep"), 3000);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        claimer.join().expect("claimer")
+    });
+    let m = store.metrics();
+    let engine = m.engine.expect("engine");
+    assert_eq!(m.swept - before.swept, 3000);
+    assert!(engine.sweep_time > Duration::ZERO, "{engine:?}");
+    assert!(engine.sweep_paced <= engine.sweep_time, "{engine:?}");
+    assert!(
+        engine.sweep_shared_calls <= claimed,
+        "{claimed} claims: {engine:?}"
+    );
+}
+
 /// A store in memory writes no log (nothing of it outlives the `Store`), and merges each full
 /// overlay generation durably instead: redb gives back the pages that unsynced commits free
 /// from its last durable state only at a durable commit. With no log to bound them, its

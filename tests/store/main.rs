@@ -29,3 +29,4 @@ mod quota;
 mod read_only;
 mod reopen;
 mod settle;
+mod sweep_race;
