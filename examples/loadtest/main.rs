@@ -13,7 +13,7 @@
 //! cargo run --release --example loadtest -- [--seconds S] [--threads 1,4,16,64] [--dir PATH]
 //!     [--json-only] [--only NAME[,NAME..]] [--replay-keys N] [--recorder] [--log-size MIB]
 //! cargo run --release --example loadtest -- --sweep [--records N] [--seconds S] [--dir PATH]
-//!     [--sweep-batch N] [--sweep-spread]
+//!     [--sweep-batch N] [--sweep-spread] [--sweeper] [--sweep-refill] [--only postgres]
 //! cargo run --release --example loadtest -- --space [--records N] [--dir PATH] [--log-size MIB]
 //! cargo run --release --example loadtest -- --recovery [--records N] [--dir PATH]
 //! ```
@@ -55,6 +55,7 @@ mod space;
 mod sqlite;
 mod store;
 mod sweep;
+mod sweep_pg;
 mod systems;
 mod tools;
 

@@ -40,6 +40,31 @@ pub(crate) fn open_pg(cell: u64, tls: bool) -> Res<Box<dyn IdempotencyStore>> {
     Ok(Box::new(store))
 }
 
+/// A `PgStore` on a fresh schema whose leases and expiry follow `clock`, for `--sweep`.
+#[cfg(feature = "postgres")]
+pub(crate) fn open_pg_with_clock(
+    clock: idempotency_store::ManualClock,
+    retention: std::time::Duration,
+) -> Res<Box<dyn IdempotencyStore>> {
+    let url = pg_url_with("disable")?;
+    let store = idempotency_store::pg::PgStore::builder()
+        .pool_size(PG_POOL)
+        .schema(fresh_schema(0))
+        .clock(clock)
+        .retention(retention)
+        .connect(&url)
+        .map_err(|e| err("connecting to PostgreSQL", e))?;
+    Ok(Box::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn open_pg_with_clock(
+    _clock: idempotency_store::ManualClock,
+    _retention: std::time::Duration,
+) -> Res<Box<dyn IdempotencyStore>> {
+    Err("this build has no PostgreSQL backend: use --features postgres".into())
+}
+
 /// The Citus coordinator's URL (`IDEMPOTENCY_PG_CITUS_URL`), for the `postgres-citus` cells:
 /// `PgStore` in the distributed mode, measured in the same run as `postgres` on one server.
 pub(crate) fn citus_url() -> Option<String> {

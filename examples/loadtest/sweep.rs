@@ -21,7 +21,7 @@ use crate::tools::{
 
 /// Fresh-key claims from this thread until `stop` says so (or `max` passes); latencies in ns.
 pub(crate) fn claim_loop(
-    store: &Store,
+    store: &dyn IdempotencyStore,
     stream: u64,
     stop: &dyn Fn(Instant) -> bool,
 ) -> Res<(Vec<u64>, Duration)> {
@@ -74,6 +74,9 @@ fn file_len(path: &Path) -> u64 {
 }
 
 pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
+    if args.only.iter().any(|name| name == "postgres") {
+        return crate::sweep_pg::sweep_pg_run(args, out);
+    }
     let fs = filesystem_of(&base);
     let n = args.records;
     out.line(format!(
