@@ -18,8 +18,9 @@ use crate::api::settings::Settings;
 use crate::error::Result;
 
 /// How many expired records one round of `sweep_all` deletes on PostgreSQL (the CLI's
-/// `sweep` uses the same rounds), and the most one step of the redb store's sweeps deletes
-/// (which asks for larger rounds: `Backend::sweep_all_round`). Expired keys are scattered
+/// `sweep` asks for rounds of the same size on both backends). The redb store's `sweep_all`
+/// asks for larger rounds (`Backend::sweep_all_round`), which it deletes in steps
+/// (`engine::sweep`). Expired keys are scattered
 /// through the records table, so each deletion dirties a page of its own; a claim waits for
 /// at most one round or step, so this bounds a sweep's effect on claim latency.
 /// BENCHMARKS.md ("Figures behind the defaults") has the measurements behind 64.
@@ -113,10 +114,9 @@ pub trait Backend: Send + Sync {
     /// As for [`IdempotencyStore::sweep`](crate::IdempotencyStore::sweep).
     fn sweep(&self, limit: usize) -> Result<Swept>;
 
-    /// How many records one round of `sweep_all` asks [`sweep`](Backend::sweep) for.
-    fn sweep_all_round(&self) -> usize {
-        SWEEP_BATCH
-    }
+    /// How many records one round of `sweep_all` asks [`sweep`](Backend::sweep) for. No
+    /// default: a store behind a pointer or a wrapper must forward its backend's.
+    fn sweep_all_round(&self) -> usize;
 
     /// Checks the stored records' invariants ([`IdempotencyStore::verify`](crate::IdempotencyStore::verify)).
     ///
@@ -226,6 +226,7 @@ macro_rules! forward {
                 (**self).read(key, expired)
             }
             fn sweep(&self, limit: usize) -> Result<Swept> { (**self).sweep(limit) }
+            fn sweep_all_round(&self) -> usize { (**self).sweep_all_round() }
             fn verify(&self) -> Result<VerifyReport> { (**self).verify() }
             fn stats(&self) -> Result<Stats> { (**self).stats() }
             fn records(&self) -> Result<Records<'_>> { (**self).records() }

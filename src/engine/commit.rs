@@ -539,8 +539,9 @@ impl Committer {
 }
 
 /// Takes the next batch from the front of `jobs`: up to `max` write calls in arrival order,
-/// (and at most `BATCH_BYTES` of responses), but a sweep runs alone. A claim queued behind a sweep then waits for at most that one sweep
-/// transaction, never for a sweep sharing its own batch.
+/// (and at most `BATCH_BYTES` of responses), but a direct sweep round runs alone: a claim
+/// queued behind it waits for at most that one transaction. (A sweep's step rides in a batch
+/// of write calls instead: `commit::ride`.)
 fn take_batch(jobs: &mut VecDeque<Job>, max: usize, async_only: bool) -> Batch {
     if matches!(jobs.front(), Some(Job::Sweep(_)))
         && let Some(Job::Sweep(sweep)) = jobs.pop_front()

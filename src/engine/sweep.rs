@@ -50,6 +50,10 @@ struct Found {
     bytes: Vec<u8>,
 }
 
+/// The most record bytes one scan keeps (beyond its first record): a step holds the records
+/// it found until its batch runs, and responses may be up to `max_response_bytes` each.
+const SCAN_BYTES: usize = 4 << 20;
+
 /// What one scan of a snapshot found.
 enum Scan {
     /// Expired records, and where the next scan starts.
@@ -124,13 +128,16 @@ impl Engine {
             pace.cursor = (0, 0);
             return self.sweep_direct(limit);
         }
+        // Before the scan: a wait for the flush thread ends with its generation dropped,
+        // which moves the snapshot counter, and the batch would then read every found record
+        // again from redb under the writer lock.
+        self.pace();
         let snapshot = self.snapshots.get(self.db()?)?;
         match scan(&snapshot, pace.cursor, now, limit)? {
             Scan::Found(found, next) => {
                 pace.cursor = next;
                 let at = Snapshots::epoch(&snapshot);
                 drop(snapshot);
-                self.pace();
                 let (deleted, rode) = self.ride(DeleteExpired { found, at })?;
                 pace.step = if rode {
                     STEP
@@ -188,6 +195,7 @@ fn scan(snapshot: &Snapshot, from: Cursor, now: Timestamp, limit: usize) -> Resu
     let expiry = snapshot.txn.open_table(EXPIRY)?;
     let end = (now.as_millis().saturating_add(1), 0);
     let mut found = Vec::new();
+    let mut bytes = 0;
     let mut next = from;
     if from >= end {
         return Ok(Scan::Nothing);
@@ -206,9 +214,12 @@ fn scan(snapshot: &Snapshot, from: Cursor, now: Timestamp, limit: usize) -> Resu
                 Err(_) => damaged = true,
             }
         }
-        if damaged || owners.is_empty() || found.len() + owners.len() > limit {
+        let more: usize = owners.iter().map(|owner| owner.bytes.len()).sum();
+        let full = !found.is_empty() && bytes + more > SCAN_BYTES;
+        if damaged || owners.is_empty() || found.len() + owners.len() > limit || full {
             break;
         }
+        bytes += more;
         found.append(&mut owners);
         next = after((expires_at, hash));
     }

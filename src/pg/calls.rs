@@ -234,6 +234,10 @@ impl Backend for PgStore {
         })
     }
 
+    fn sweep_all_round(&self) -> usize {
+        SWEEP_BATCH
+    }
+
     fn verify(&self) -> Result<VerifyReport> {
         self.with_write_conn(|client, st| {
             let mut txn = client

@@ -104,6 +104,9 @@ impl<S: Backend> Backend for Faulty<S> {
     fn sweep(&self, limit: usize) -> Result<Swept> {
         self.inner.sweep(limit)
     }
+    fn sweep_all_round(&self) -> usize {
+        self.inner.sweep_all_round()
+    }
     fn verify(&self) -> Result<VerifyReport> {
         self.inner.verify()
     }

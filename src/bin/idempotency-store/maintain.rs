@@ -14,8 +14,9 @@ use crate::format::plural;
 use crate::output::{EXIT_FAILED, EXIT_PROBLEM, Fail, Format, Outcome, describe, fail, one_line};
 use crate::target::{Source, connection_string, error_kind, shown_path, store_fail};
 
-/// Expired records one `sweep` round deletes: the rounds of the library's `sweep_all`, so that
-/// a claim queued behind the sweep waits for at most one small transaction.
+/// Expired records one `sweep` round deletes: the library's step on the redb store and its
+/// `sweep_all` round on PostgreSQL, so that a claim of a running service waits for at most one
+/// small step or statement.
 const ROUND: usize = 64;
 
 /// `sweep`: deletes every expired record (intents of the client's outbox included: they are

@@ -58,8 +58,8 @@ impl Committer {
             match slot.wait_for(patience) {
                 Some(Turn::Done(result)) => return result.map(|t| (t, rode)),
                 Some(Turn::Lead) => self.lead(&run),
-                Some(Turn::Queued) => {}
-                None => {
+                // `wait_for` answers `None` for a turn still queued.
+                Some(Turn::Queued) | None => {
                     let mut queue = self.queue.lock();
                     // No leader: the queue is empty, so the rider goes to its head and leads.
                     if !queue.leader
