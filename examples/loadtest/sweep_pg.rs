@@ -1,5 +1,6 @@
 //! `--sweep --only postgres`: claim latency on `PgStore` while `sweep_all` deletes expired
-//! records, as `--sweep` measures the redb store (issue 58's PostgreSQL part).
+//! records, as `--sweep` measures the redb store (issue 58's PostgreSQL part), with
+//! `--sweep-spread` as there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -27,7 +28,13 @@ pub(crate) fn sweep_pg_run(args: &Args, out: &Out) -> Res<Value> {
     let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
     let store = crate::pg::open_pg_with_clock(clock.clone(), retention)?;
     let store: &dyn IdempotencyStore = &*store;
-    let prefill = prefill_store(store, n, args.prefill_threads, &|i| key_name(1, i), out)?;
+    let name = |i| {
+        if args.sweep_spread && i % 32 == 0 {
+            clock.advance(Duration::from_millis(1));
+        }
+        key_name(1, i)
+    };
+    let prefill = prefill_store(store, n, args.prefill_threads, &name, out)?;
     out.line(format!(
         "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
         prefill.as_secs_f64(),
