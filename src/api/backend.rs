@@ -17,10 +17,9 @@ use crate::api::response::Response;
 use crate::api::settings::Settings;
 use crate::error::Result;
 
-/// How many expired records one round of `sweep_all` deletes on PostgreSQL (the CLI's
-/// `sweep` asks for rounds of the same size on both backends). The redb store's `sweep_all`
-/// asks for larger rounds (`Backend::sweep_all_round`), which it deletes in steps
-/// (`engine::sweep`). Expired keys are scattered
+/// How many expired records one round of `sweep_all` deletes on PostgreSQL, and one step of
+/// the redb store's sweeps (whose `sweep_all` asks for larger rounds,
+/// `Backend::sweep_all_round`, deleted in such steps: `engine::sweep`). Expired keys are scattered
 /// through the records table, so each deletion dirties a page of its own; a claim waits for
 /// at most one round or step, so this bounds a sweep's effect on claim latency.
 /// BENCHMARKS.md ("Figures behind the defaults") has the measurements behind 64.

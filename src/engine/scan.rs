@@ -14,8 +14,8 @@ const ROOM_SWEEP: usize = 64;
 const EVICT_SCAN: usize = 256;
 
 /// The most records one step of a sweep deletes (see `sweep`), so that the batch it rides
-/// in grows by little.
-pub(crate) const STEP: usize = 64;
+/// in grows by little: the same bound as PostgreSQL's sweep statements.
+pub(crate) const STEP: usize = crate::api::backend::SWEEP_BATCH;
 
 /// Where in the expiry index a sweep's next step starts: `(expires_at, hash)`.
 pub(crate) type Cursor = (u64, u64);
