@@ -57,6 +57,33 @@ pub(crate) fn sweep_in(store: &Store, batch: usize) -> idempotency_store::Result
     }
 }
 
+/// Fills `store` with `--records` completed records (the clock running 1 ms per 32 with
+/// `--sweep-spread`), then moves `clock` past their retention; returns the prefill's time.
+pub(crate) fn prefill_expired(
+    store: &dyn IdempotencyStore,
+    clock: &ManualClock,
+    retention: Duration,
+    args: &Args,
+    out: &Out,
+) -> Res<Duration> {
+    let n = args.records;
+    let name = |i| {
+        if args.sweep_spread && i % 32 == 0 {
+            clock.advance(Duration::from_millis(1));
+        }
+        key_name(1, i)
+    };
+    let prefill = prefill_store(store, n, args.prefill_threads, &name, out)?;
+    out.line(format!(
+        "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
+        prefill.as_secs_f64(),
+        n as f64 / prefill.as_secs_f64(),
+        args.prefill_threads
+    ));
+    clock.advance(retention + Duration::from_secs(1));
+    Ok(prefill)
+}
+
 /// The background sweeper's first round, started as docs/operations.md starts it: the records
 /// it deleted once `metrics()` shows the round finished.
 fn first_round(store: &Arc<Store>) -> idempotency_store::Result<u64> {
@@ -93,21 +120,7 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
             .open(dir.path().join("store.redb"))
             .map_err(|e| err("open", e))?,
     );
-    let name = |i| {
-        if args.sweep_spread && i % 32 == 0 {
-            clock.advance(Duration::from_millis(1));
-        }
-        key_name(1, i)
-    };
-    let prefill = prefill_store(&store, n, args.prefill_threads, &name, out)?;
-    out.line(format!(
-        "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
-        prefill.as_secs_f64(),
-        n as f64 / prefill.as_secs_f64(),
-        args.prefill_threads
-    ));
-    // Everything so far is now past its retention.
-    clock.advance(retention + Duration::from_secs(1));
+    let prefill = prefill_expired(&*store, &clock, retention, args, out)?;
     let file = dir.path().join("store.redb");
     let file_before = file_len(&file);
 

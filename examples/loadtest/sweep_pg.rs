@@ -12,9 +12,8 @@ use serde_json::Value;
 use crate::Res;
 use crate::args::Args;
 use crate::run::{machine_json, verdict};
-use crate::store::prefill_store;
-use crate::sweep::claim_loop;
-use crate::tools::{Lat, Out, Report, err, key_name, lat_json, num, obj, opt, percentiles};
+use crate::sweep::{claim_loop, prefill_expired};
+use crate::tools::{Lat, Out, Report, err, lat_json, num, obj, opt, percentiles};
 
 /// Prefills a fresh schema with `--records` completed records under an injected clock, moves
 /// the clock past their retention, then measures fresh-key claims from one thread without a
@@ -28,20 +27,7 @@ pub(crate) fn sweep_pg_run(args: &Args, out: &Out) -> Res<Value> {
     let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
     let store = crate::pg::open_pg_with_clock(clock.clone(), retention)?;
     let store: &dyn IdempotencyStore = &*store;
-    let name = |i| {
-        if args.sweep_spread && i % 32 == 0 {
-            clock.advance(Duration::from_millis(1));
-        }
-        key_name(1, i)
-    };
-    let prefill = prefill_store(store, n, args.prefill_threads, &name, out)?;
-    out.line(format!(
-        "prefilled {n} completed records in {:.1} s ({:.0} pairs/s, {} threads)",
-        prefill.as_secs_f64(),
-        n as f64 / prefill.as_secs_f64(),
-        args.prefill_threads
-    ));
-    clock.advance(retention + Duration::from_secs(1));
+    let prefill = prefill_expired(store, &clock, retention, args, out)?;
     let window = Duration::from_secs_f64(args.seconds);
     let warm_end = Instant::now() + Duration::from_millis(300);
     claim_loop(store, 2, &|t| t >= warm_end)?;
