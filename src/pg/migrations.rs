@@ -10,10 +10,10 @@ use super::typed::Query;
 use crate::error::{Error, Result};
 
 /// The schema version this build migrates to.
-const SCHEMA_VERSION: i32 = 7;
+const SCHEMA_VERSION: i32 = 8;
 
 /// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 7] {
+fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
     let s = format!("\"{schema}\"");
     [
         (
@@ -141,6 +141,20 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 7] {
                  the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, {comment});'",
                 lock = key_hash(schema, "p_scope", "p_key"),
                 comment = key_hash(schema, "scope", "key").replace('\'', "''"),
+            ),
+        ),
+        (
+            8,
+            "the expiry index holds the sweep's whole order (issue 58)",
+            // A sweep takes the oldest expired rows, ties by stored key (`sql::Sql::sweep`).
+            // An index on `expires_at` alone left the ties to a sort of every row of that
+            // millisecond: with a day's records expiring in one, each 64-row statement sorted
+            // all of them. On the whole order, the index hands out the first rows and stops.
+            // It serves every lookup by expiry the old index did, which it replaces.
+            format!(
+                "CREATE INDEX idempotency_keys_sweep_order ON {s}.idempotency_keys \
+                     (expires_at, octet_length(scope), (scope COLLATE \"C\"), (key COLLATE \"C\")); \
+                 DROP INDEX {s}.idempotency_keys_expires_at;"
             ),
         ),
     ]

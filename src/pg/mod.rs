@@ -129,7 +129,8 @@ const MAX_TIME_MS: u64 = 1 << 61;
 ///     expires_at          bigint   NOT NULL,
 ///     PRIMARY KEY (scope, key)
 /// );
-/// CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+/// CREATE INDEX idempotency_keys_sweep_order ON idempotency_keys  -- the sweep's order
+///     (expires_at, octet_length(scope), (scope COLLATE "C"), (key COLLATE "C"));
 /// CREATE FUNCTION idempotency_lock_key(scope text, key text) RETURNS bigint ...;
 ///                                                 -- a claim's locks (see "Statements")
 /// CREATE TABLE idempotency_schema_migrations (version integer PRIMARY KEY, ...);
@@ -190,7 +191,8 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// `complete`, `release`, `heartbeat` and `checkpoint` are single statements fenced by `WHERE
 /// token = $token AND state = 'in_progress' AND expires_at > now`. A sweep is a bounded
 /// `DELETE` of the rows chosen by a materialized `SELECT ctid … WHERE expires_at <= now ORDER BY
-/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED` whose key lock it gets: oldest expiry first
+/// expires_at, key LIMIT $n FOR UPDATE SKIP LOCKED` whose key lock it gets, read off an index on
+/// that whole order (migration 8), so that it stops after `$n` rows: oldest expiry first
 /// like the redb store, with ties by key here (the redb store breaks them by key hash);
 /// concurrent sweepers skip each other's rows, and a sweep skips a key being claimed (a claim
 /// of a key that a sweep holds waits for the sweep's statement to commit). As a sweep holds

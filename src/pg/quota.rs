@@ -145,10 +145,12 @@ impl Sql {
             exists: Query::new(format!(
                 "SELECT EXISTS (SELECT FROM {t} WHERE scope = $1::text AND key = $2::text)"
             )),
-            // As the store's sweep: deletions take the key's lock, skipping keys being claimed.
+            // As the store's sweep: deletions take the key's lock, skipping keys being claimed,
+            // and the time is a subquery, so that the index bounds the scan (`Sql::sweep`).
             sweep: Query::new(format!(
                 "{WRITE_NOW}, doomed AS MATERIALIZED (\
-                     SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     SELECT x.ctid, x.scope, x.key FROM {t} AS x \
+                     WHERE x.expires_at <= (SELECT c.now FROM c) \
                      AND ($2::text IS NULL OR x.scope = $2::text) \
                      ORDER BY x.expires_at LIMIT $3::bigint FOR UPDATE OF x SKIP LOCKED), \
                  free AS MATERIALIZED (SELECT d.ctid FROM doomed AS d WHERE {}) \
@@ -161,9 +163,9 @@ impl Sql {
             // with no sort of its own stops at the first lock it gets, so it takes only that one.
             evict: Query::new(format!(
                 "{WRITE_NOW}, victims AS MATERIALIZED (\
-                     SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x, c \
+                     SELECT x.ctid, x.scope, x.key, x.expires_at FROM {t} AS x \
                      WHERE x.state = 'completed' \
-                     AND x.expires_at > c.now AND ($2::text IS NULL OR x.scope = $2::text) \
+                     AND x.expires_at > (SELECT c.now FROM c) AND ($2::text IS NULL OR x.scope = $2::text) \
                      ORDER BY x.expires_at LIMIT {EVICT_CANDIDATES} FOR UPDATE OF x SKIP LOCKED), \
                  victim AS MATERIALIZED (SELECT v.ctid FROM victims AS v WHERE {} LIMIT 1) \
                  DELETE FROM {t} AS r USING victim AS v \

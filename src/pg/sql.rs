@@ -152,10 +152,14 @@ impl Sql {
             // planner may rescan the subquery per outer row, and a rescan skips the rows this
             // statement already deleted and locks the next ones, deleting more than the limit.
             // Of those, it deletes the ones whose key lock it gets (after the limit, so that it
-            // takes at most `$2` locks). Answers (deleted, candidates).
+            // takes at most `$2` locks). Answers (deleted, candidates). The time is a subquery,
+            // not a join with `c`: as a join the planner scans the index from its first entry
+            // and filters, which reads every live row when few have expired; as a subquery it
+            // bounds the scan (`Index Cond`), in the index's order (migration 8).
             sweep: Query::new(format!(
                 "{WRITE_NOW}, doomed AS MATERIALIZED (\
-                     SELECT x.ctid, x.scope, x.key FROM {t} AS x, c WHERE x.expires_at <= c.now \
+                     SELECT x.ctid, x.scope, x.key FROM {t} AS x \
+                     WHERE x.expires_at <= (SELECT c.now FROM c) \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
                          x.key COLLATE \"C\" \
                      LIMIT $2::bigint FOR UPDATE OF x SKIP LOCKED), \

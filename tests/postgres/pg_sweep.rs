@@ -153,3 +153,91 @@ fn reconnect(store: &PgStore, key: &Key) -> Result<()> {
     }
     Err(last.expect("four failures"))
 }
+
+/// How many index entries a sweep statement may read here: one statement's limit and the
+/// few its `Index Cond` reads past it, far below the table's rows.
+const READS_PER_SWEEP: i64 = 256;
+const ROWS: i64 = 20_000;
+
+/// A sweep reads only the index entries it deletes (migration 8), both when many records
+/// expired in one millisecond (before it, the statement sorted all of them) and when none
+/// did (a join with the statement's time scanned every live row). Read off the server's
+/// counters of the sweep's index, which only sweeps and quota statements use.
+#[test]
+fn a_sweep_reads_only_what_it_deletes_from_its_index() -> Result<()> {
+    let Some(schema) = Schema::fresh("sweep", "index") else {
+        return Ok(());
+    };
+    if crate::common::pg::distributed() {
+        eprintln!("skipped: on Citus each shard's index counts its own reads");
+        return Ok(());
+    }
+    let start = 1_700_000_000_000_i64;
+    let clock = ManualClock::new(Timestamp::from_millis(start as u64));
+    // The store is set up (the schema migrated) before the rows go in.
+    drop(connect(&schema, &clock, "pg_sweep_index")?);
+    let mut admin = client(&schema.url)?;
+    // Completed records straight into the table: the sweep reads no more than these columns.
+    let later = start + 3_600_000;
+    admin
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".idempotency_keys (scope, key, fingerprint, \
+                 fingerprint_version, state, token, attempt, created_at, completed_at, \
+                 expires_at, response_status) \
+                 SELECT '', 'k' || g, '\\x00'::bytea, 1, 'completed', g, 1, $1::bigint, \
+                 $1::bigint, $1::bigint, 200 FROM generate_series(1, {ROWS}) AS g",
+                schema.name
+            ),
+            &[&later],
+        )
+        .map_err(fixture)?;
+    admin
+        .batch_execute(&format!("ANALYZE \"{}\".idempotency_keys", schema.name))
+        .map_err(fixture)?;
+    let before = index_reads(&mut admin, &schema.name, 0)?;
+
+    // Each sweep on a store of its own: a server process publishes its counters as it exits.
+    let sweep = |clock: &ManualClock| connect(&schema, clock, "pg_sweep_index")?.sweep(64);
+    assert_eq!(sweep(&clock)?, 0, "nothing has expired yet");
+    let live = index_reads(&mut admin, &schema.name, before.0 + 1)?;
+    assert!(
+        live.1 - before.1 <= READS_PER_SWEEP,
+        "a sweep with nothing expired read {} index entries of {ROWS} live rows",
+        live.1 - before.1
+    );
+
+    clock.set(Timestamp::from_millis(later as u64));
+    assert_eq!(
+        sweep(&clock)?,
+        64,
+        "every row expired in the same millisecond"
+    );
+    let expired = index_reads(&mut admin, &schema.name, live.0 + 1)?;
+    assert!(
+        expired.1 - live.1 <= READS_PER_SWEEP,
+        "a sweep of 64 read {} index entries of {ROWS} rows expiring in one millisecond",
+        expired.1 - live.1
+    );
+    Ok(())
+}
+
+/// The sweep index's `(idx_scan, idx_tup_read)` once it shows at least `scans` scans (the
+/// server process that scanned may still be exiting).
+fn index_reads(admin: &mut postgres::Client, schema: &str, scans: i64) -> Result<(i64, i64)> {
+    for _ in 0..1500 {
+        let row = admin
+            .query_one(
+                "SELECT idx_scan, idx_tup_read FROM pg_stat_user_indexes \
+                 WHERE schemaname = $1 AND indexrelname = 'idempotency_keys_sweep_order'",
+                &[&schema],
+            )
+            .map_err(fixture)?;
+        let read = (row.get(0), row.get(1));
+        if read.0 >= scans {
+            return Ok(read);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the sweep index's counters never showed {scans} scans");
+}

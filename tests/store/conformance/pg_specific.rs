@@ -26,7 +26,7 @@ fn postgres_migrations_are_idempotent_and_versioned() -> Result<()> {
     second.complete(&lease, Response::new(200, "by the other instance"))?;
     assert_eq!(
         db.query_i64("SELECT count(*) FROM {schema}.idempotency_schema_migrations")?,
-        7
+        8
     );
     // A schema migrated by a newer version is refused.
     db.execute("INSERT INTO {schema}.idempotency_schema_migrations VALUES (99, 'future')")?;
@@ -156,9 +156,12 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     let held = acquire(&first, &Key::new("held")?, fp("a"));
     drop(first);
     assert_eq!(db.query_i64(plpgsql)?, 1);
-    // Back to what migration 2 left: its function, and no record of the later migrations.
+    // Back to what migration 2 left: its function, its index, and no record of the later
+    // migrations.
     db.execute(
         "DELETE FROM {schema}.idempotency_schema_migrations WHERE version >= 3; \
+         DROP INDEX {schema}.idempotency_keys_sweep_order; \
+         CREATE INDEX idempotency_keys_expires_at ON {schema}.idempotency_keys (expires_at); \
          CREATE OR REPLACE FUNCTION {schema}.idempotency_lock_key(p_scope text, p_key text) \
          RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
              SELECT pg_advisory_xact_lock(1768187245, hashtext(p_scope || chr(1) || p_key)); \
@@ -177,8 +180,16 @@ fn postgres_a_schema_at_migration_2_migrates() -> Result<()> {
     assert_eq!(db.query_i64(&cheap)?, 1);
     assert_eq!(
         db.query_i64("SELECT max(version)::bigint FROM {schema}.idempotency_schema_migrations")?,
-        7
+        8
     );
+    // Migration 8: the sweep's index in place of the one on `expires_at` alone.
+    let index = |name: &str| {
+        db.query_i64(&format!(
+            "SELECT (to_regclass('{{schema}}.{name}') IS NOT NULL)::int::bigint"
+        ))
+    };
+    assert_eq!(index("idempotency_keys_sweep_order")?, 1);
+    assert_eq!(index("idempotency_keys_expires_at")?, 0);
     // The record survived, and claims (which call the new function) work.
     assert!(matches!(
         store.claim(&Key::new("held")?, fp("a"))?,
