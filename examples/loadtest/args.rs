@@ -93,7 +93,8 @@ pub(crate) struct Cli {
     /// to show whether the space the sweep freed is used again.
     #[arg(long)]
     pub(crate) sweep_refill: bool,
-    /// The store's log size in MiB, for the store cells and --space (default: the store's).
+    /// The store's log size in MiB, for the store cells, --space and --sweep (default: the
+    /// store's).
     #[arg(long, value_name = "MIB", value_parser = number::<u64>)]
     pub(crate) log_size: Option<u64>,
     /// Send the `metrics` facade's values to a Prometheus recorder, as a service would.

@@ -113,10 +113,13 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let dir = fresh_dir(&base, "sweep")?;
     let retention = Duration::from_secs(3600);
     let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let mut builder = Store::builder();
+    builder.clock(clock.clone()).retention(retention);
+    if let Some(bytes) = args.log_size {
+        builder.log_size(bytes);
+    }
     let store = Arc::new(
-        Store::builder()
-            .clock(clock.clone())
-            .retention(retention)
+        builder
             .open(dir.path().join("store.redb"))
             .map_err(|e| err("open", e))?,
     );
@@ -251,6 +254,7 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
             refill.map_or(Value::Null, Value::from),
         )
         .set("sweeper", Value::Bool(args.sweeper))
+        .set("log_size", opt(args.log_size.map(|b| b as f64)))
         .set("rate_ratio", opt(rate_ratio))
         .set("claim_without_sweep", lat_json(baseline))
         .set("claim_during_sweep", lat_json(during))
