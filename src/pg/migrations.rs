@@ -12,14 +12,17 @@ use crate::error::{Error, Result};
 /// The schema version this build migrates to.
 const SCHEMA_VERSION: i32 = 8;
 
-/// Versioned migrations: `(version, description, SQL)`, applied in order, each once.
-fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
+/// Versioned migrations: `(version, description, statements)`, applied in order, each once;
+/// each of the statements goes to the server on its own. A statement that changes a
+/// distributed table must (migration 8 on a schema Citus already distributes): Citus forwards
+/// it to the shards as the text it came in, and refuses a text of two commands.
+fn migrations(schema: &str) -> [(i32, &'static str, Vec<String>); 8] {
     let s = format!("\"{schema}\"");
     [
         (
             1,
             "idempotency_keys table, token sequence, expires_at index",
-            format!(
+            vec![format!(
                 "CREATE SEQUENCE {s}.idempotency_token_seq AS bigint MINVALUE 1; \
              CREATE TABLE {s}.idempotency_keys ( \
                  scope               text     NOT NULL, \
@@ -40,12 +43,12 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
                  expires_at          bigint   NOT NULL, \
                  PRIMARY KEY (scope, key)); \
              CREATE INDEX idempotency_keys_expires_at ON {s}.idempotency_keys (expires_at);"
-            ),
+            )],
         ),
         (
             2,
             "idempotency_lock_key: a claim's advisory lock, then its row lock (issue 21)",
-            format!(
+            vec![format!(
                 "CREATE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
              RETURNS bigint LANGUAGE sql VOLATILE AS $f$ \
                  SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
@@ -53,7 +56,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
                  SELECT count(*) FROM (SELECT 1 FROM {s}.idempotency_keys AS x \
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS held; \
              $f$;"
-            ),
+            )],
         ),
         (
             3,
@@ -63,7 +66,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
             // third of a new key's claim); PL/pgSQL keeps their plans for the session. Each of
             // its statements still takes a fresh snapshot at READ COMMITTED, so the row lock
             // sees a row that the claim it waited for committed.
-            format!(
+            vec![format!(
                 "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
              RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
              DECLARE held bigint; \
@@ -74,7 +77,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE) AS r; \
                  RETURN held; \
              END $f$;"
-            ),
+            )],
         ),
         (
             4,
@@ -84,7 +87,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
             // "simple expression", evaluated directly. The row lock needs no aggregate: `FOUND`
             // says whether there was a row. The row lock is still a statement of its own, so
             // it still runs on a fresh snapshot taken after the advisory lock.
-            format!(
+            vec![format!(
                 "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
              RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
              DECLARE done text; \
@@ -95,7 +98,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
                      WHERE x.scope = p_scope AND x.key = p_key FOR UPDATE; \
                  RETURN CASE WHEN FOUND THEN 1 ELSE 0 END; \
              END $f$;"
-            ),
+            )],
         ),
         (
             5,
@@ -104,19 +107,21 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
             // deletion takes the key's lock, so a claim of a new key no longer locks the row
             // first; a build that deletes without the lock must not share the schema, and the
             // version keeps it out. The comment tells anyone deleting rows by hand.
-            format!(
+            vec![format!(
                 "COMMENT ON TABLE {s}.idempotency_keys IS 'idempotency-store records. Delete \
                  rows only through the store or its CLI, or in a transaction that first takes \
                  the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, \
                  hashtext(scope || chr(1) || key));'"
-            ),
+            )],
         ),
         (
             6,
             "claim ids: a claim whose answer was lost gets its lease back (issue 30)",
             // Nullable, no default: PostgreSQL adds it without rewriting the table. Rows of
             // builds before this one carry NULL, which no claim id matches.
-            format!("ALTER TABLE {s}.idempotency_keys ADD COLUMN IF NOT EXISTS claim_id bigint"),
+            vec![format!(
+                "ALTER TABLE {s}.idempotency_keys ADD COLUMN IF NOT EXISTS claim_id bigint"
+            )],
         ),
         (
             7,
@@ -126,7 +131,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
             // a record whose key another schema was claiming, deleting fewer than had expired.
             // A change of protocol, as migration 5: a build that locks by the old hash must
             // not share the schema, and the version keeps it out.
-            format!(
+            vec![format!(
                 "CREATE OR REPLACE FUNCTION {s}.idempotency_lock_key(p_scope text, p_key text) \
              RETURNS bigint LANGUAGE plpgsql VOLATILE AS $f$ \
              DECLARE done text; \
@@ -141,7 +146,7 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
                  the key''s lock: SELECT pg_advisory_xact_lock({CLAIM_LOCK_CLASS}, {comment});'",
                 lock = key_hash(schema, "p_scope", "p_key"),
                 comment = key_hash(schema, "scope", "key").replace('\'', "''"),
-            ),
+            )],
         ),
         (
             8,
@@ -151,11 +156,13 @@ fn migrations(schema: &str) -> [(i32, &'static str, String); 8] {
             // millisecond: with a day's records expiring in one, each 64-row statement sorted
             // all of them. On the whole order, the index hands out the first rows and stops.
             // It serves every lookup by expiry the old index did, which it replaces.
-            format!(
-                "CREATE INDEX idempotency_keys_sweep_order ON {s}.idempotency_keys \
-                     (expires_at, octet_length(scope), (scope COLLATE \"C\"), (key COLLATE \"C\")); \
-                 DROP INDEX {s}.idempotency_keys_expires_at;"
-            ),
+            vec![
+                format!(
+                    "CREATE INDEX idempotency_keys_sweep_order ON {s}.idempotency_keys \
+                     (expires_at, octet_length(scope), (scope COLLATE \"C\"), (key COLLATE \"C\"))"
+                ),
+                format!("DROP INDEX {s}.idempotency_keys_expires_at"),
+            ],
         ),
     ]
 }
@@ -211,22 +218,13 @@ pub(super) fn migrate(
     if let Some(newer) = applied.iter().copied().find(|&v| v > SCHEMA_VERSION) {
         return Err(newer_schema(schema, newer));
     }
-    for (version, description, sql) in migrations(schema) {
+    for (version, description, statements) in migrations(schema) {
         if applied.contains(&version) {
             continue;
         }
-        txn.batch_execute(&sql).map_err(|e| {
-            if e.code() == Some(&::postgres::error::SqlState::DUPLICATE_TABLE) {
-                Error::NotAStore {
-                    reason: format!(
-                        "schema \"{schema}\" already holds a table or sequence this store would \
-                         create, but no record of its migrations: {e}"
-                    ),
-                }
-            } else {
-                pg(CONTEXT, e)
-            }
-        })?;
+        for sql in statements {
+            run_migration(&mut txn, schema, &sql)?;
+        }
         Query::new(format!(
             "INSERT INTO \"{schema}\".idempotency_schema_migrations (version, description) \
              VALUES ($1::integer, $2::text)"
@@ -241,6 +239,24 @@ pub(super) fn migrate(
         super::distributed::distribute(&mut txn, schema)?;
     }
     txn.commit().map_err(|e| pg(CONTEXT, e))
+}
+
+/// One statement of a migration. A table of the same name that the schema's record of
+/// migrations does not know of is a schema this store did not make.
+fn run_migration(txn: &mut ::postgres::Transaction<'_>, schema: &str, sql: &str) -> Result<()> {
+    const CONTEXT: &str = "migrating the PostgreSQL schema";
+    txn.batch_execute(sql).map_err(|e| {
+        if e.code() == Some(&::postgres::error::SqlState::DUPLICATE_TABLE) {
+            Error::NotAStore {
+                reason: format!(
+                    "schema \"{schema}\" already holds a table or sequence this store would \
+                     create, but no record of its migrations: {e}"
+                ),
+            }
+        } else {
+            pg(CONTEXT, e)
+        }
+    })
 }
 
 /// Takes the schema's migration lock until the end of `txn`: whoever changes the schema's
