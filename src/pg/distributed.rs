@@ -9,12 +9,14 @@
 //! Where each part of a statement runs (Citus 13, checked by `tests/postgres/pg_citus.rs`): a
 //! statement that writes keeps its volatile parts (the key's advisory lock, the clock, the
 //! durability settings, the token's `nextval`) in a materialized CTE, which Citus evaluates on
-//! the coordinator as a subplan; the write itself is one task on the key's shard. So the
-//! key's lock is the coordinator's (exclusive per key as long as every client connects to the
-//! coordinator, which `connect` checks), the token comes from the coordinator's one sequence
-//! (unique and increasing cluster-wide), and leases are granted and fenced on the
-//! coordinator's clock, whichever worker holds the shard. A lookup has nothing volatile to
-//! hoist but the clock, and runs whole on the worker: its `now` is the worker's.
+//! the coordinator as a subplan; the write itself is one task on the key's shard (a new key's
+//! insert puts the same parts, in the same order, in a row of `VALUES` instead: see
+//! `sql::distributed_insert`). So the key's lock is the coordinator's (exclusive per key as
+//! long as every client connects to the coordinator, which `connect` checks), the token comes
+//! from the coordinator's one sequence (unique and increasing cluster-wide), and leases are
+//! granted and fenced on the coordinator's clock, whichever worker holds the shard. A lookup
+//! has nothing volatile to hoist but the clock, and runs whole on the worker: its `now` is the
+//! worker's.
 //!
 //! The sweep: a multi-shard `DELETE` with `LIMIT`, `ctid` and `FOR UPDATE SKIP LOCKED` is not
 //! something Citus distributes. Here a sweep reads the clock once, picks at most its limit of

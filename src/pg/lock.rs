@@ -13,10 +13,28 @@
 /// cheaper than setting it, which also leaves the transaction a change to undo at its end.
 macro_rules! durable {
     () => {
+        concat!(
+            raise_synchronous_commit!(),
+            " AS durable, ",
+            lower_client_min_messages!(),
+            " AS warnings"
+        )
+    };
+}
+
+/// The first call of [`durable!`].
+macro_rules! raise_synchronous_commit {
+    () => {
         "CASE WHEN current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') \
-         THEN set_config('synchronous_commit', 'on', true) END AS durable, \
-         CASE WHEN current_setting('client_min_messages') = 'error' \
-         THEN set_config('client_min_messages', 'warning', true) END AS warnings"
+         THEN set_config('synchronous_commit', 'on', true) END"
+    };
+}
+
+/// The second call of [`durable!`].
+macro_rules! lower_client_min_messages {
+    () => {
+        "CASE WHEN current_setting('client_min_messages') = 'error' \
+         THEN set_config('client_min_messages', 'warning', true) END"
     };
 }
 
@@ -36,6 +54,16 @@ pub(super) const WRITE_NOW: &str = concat!(
 
 /// [`durable!`], for statements built at run time.
 pub(super) const DURABLE: &str = durable!();
+
+/// [`durable!`]'s two calls as a list of arguments (no column names).
+pub(super) const DURABLE_CALLS: &str = concat!(
+    raise_synchronous_commit!(),
+    ", ",
+    lower_client_min_messages!()
+);
+
+/// The server's clock in milliseconds, as every statement reads it.
+pub(super) const CLOCK: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.

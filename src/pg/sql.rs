@@ -1,7 +1,7 @@
 //! The text of every statement, for one schema: the fence that statements share, and [`Sql`],
 //! built once per store.
 
-use super::lock::{NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
+use super::lock::{CLOCK, DURABLE_CALLS, NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
 use super::rows::RECORD_COLUMNS;
 use super::typed::Query;
 use super::{distributed, quota};
@@ -93,15 +93,19 @@ impl Sql {
         };
         Sql {
             lock: Query::new(format!("SELECT {}", lock_function(schema, "$1", "$2"))),
-            insert: Query::new(format!(
-                "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
+            insert: Query::new(if distributed {
+                distributed_insert(&t, &seq, &key_lock(schema, "$2", "$3"))
+            } else {
+                format!(
+                    "{insert_now} INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, \
                  token, attempt, lease_until, created_at, expires_at, claim_id) \
                  SELECT $2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
                  nextval('{seq}'), 1, c.now + $6::bigint, c.now, \
                  GREATEST(c.now + $7::bigint, c.now + $6::bigint), $8::bigint FROM c \
                  ON CONFLICT (scope, key) DO NOTHING \
                  RETURNING r.token, r.lease_until"
-            )),
+                )
+            }),
             select: Query::new(format!(
                 "{NOW} SELECT c.now, {RECORD_COLUMNS} FROM c \
                  LEFT JOIN {t} AS r ON r.scope = $2::text AND r.key = $3::text"
@@ -195,6 +199,40 @@ impl Sql {
             distributed: distributed.then(|| distributed::Sql::new(schema)),
         }
     }
+}
+
+/// The transaction-local setting that carries a distributed claim's time from its token's
+/// column to the columns after it.
+const CLAIM_NOW: &str = "idempotency_store.claim_now";
+
+/// The distributed mode's insert of a new key (`lock` is the key's lock): one row of `VALUES`,
+/// which Citus routes to the key's shard as one task. (One server's form, an `INSERT … SELECT`
+/// from CTEs, Citus pulls to the coordinator, several round trips: BENCHMARKS.md, "PgStore on
+/// Citus".)
+///
+/// Citus evaluates the row's functions on the coordinator before it sends the row: column by
+/// column in the table's order, each function or operator call whole (its arguments in order,
+/// as PostgreSQL evaluates them), each `CASE` or `COALESCE` part by part (so a `CASE` cannot
+/// make a call conditional). The token's column is therefore one call that takes the key's
+/// lock, then reads the time into a transaction-local setting, then sets the durability
+/// (`durable!`), and only then draws the token: the order of one server's CTEs. The time's
+/// columns come later in the table and read `$1` (an injected clock), else that setting. Read
+/// before it is set, the setting is unset or empty, which makes `created_at` NULL: the claim
+/// would fail rather than run on another time.
+fn distributed_insert(t: &str, seq: &str, lock: &str) -> String {
+    let now =
+        format!("COALESCE($1::bigint, NULLIF(current_setting('{CLAIM_NOW}', true), '')::bigint)");
+    format!(
+        "INSERT INTO {t} AS r (scope, key, fingerprint, fingerprint_version, state, token, \
+         attempt, lease_until, created_at, expires_at, claim_id) \
+         VALUES ($2::text, $3::text, $4::bytea, $5::smallint, 'in_progress', \
+         0 * length(concat({lock}::text, \
+             set_config('{CLAIM_NOW}', COALESCE($1::bigint, {CLOCK})::text, true), \
+             {DURABLE_CALLS})) + nextval('{seq}'), \
+         1, {now} + $6::bigint, {now}, GREATEST({now} + $7::bigint, {now} + $6::bigint), \
+         $8::bigint) \
+         ON CONFLICT (scope, key) DO NOTHING RETURNING r.token, r.lease_until"
+    )
 }
 
 impl Sql {

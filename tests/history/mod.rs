@@ -16,11 +16,14 @@
 //!    first) in which each call, run on the model at some time `now` with `before <= now <=
 //!    after`, gives exactly the recorded answer. A claim's and a heartbeat's `now` is read off
 //!    their lease deadline; any other call's is tried at `before` and at each of the record's
-//!    deadlines inside its window, and a completion's also at every completion time that a
-//!    later read revealed, which covers every distinct outcome. Each acquisition's token must
-//!    exceed every earlier one of the key in that order. A claim that answers `InProgress`
-//!    may also be a grant whose lease had lapsed by the time it returned (its deadline is at
-//!    most `after`; see [`Times::exact_lapse`]), which the store answers "as if it lost".
+//!    deadlines inside its window, and a completion's also just before each such deadline,
+//!    at its `after`, at every completion time that a later read revealed, and at the latest
+//!    time that each later call's view of the record's expiry allows (`search`'s
+//!    `completion_times` argues why these cover every distinct outcome). Each acquisition's
+//!    token must exceed every earlier one of the key in that order. A claim that answers
+//!    `InProgress` may also be a grant whose lease had lapsed by the time it returned (its
+//!    deadline is at most `after`; see [`Times::exact_lapse`]), which the store answers "as
+//!    if it lost".
 //! 2. **Token order in real time**: an acquisition that returned before another was invoked
 //!    has the smaller token.
 //! 3. **At most one live lease**: taking the key's leases in token order, none begins (in the

@@ -56,6 +56,9 @@ fn successors(
             .filter(|&d| d > op.before && d <= op.after),
     );
     if matches!(op.call, Call::Complete { .. }) {
+        // The latest time of each stretch of one answer (see `completion_times`).
+        let ends: Vec<u64> = nows[1..].iter().map(|d| d - 1).chain([op.after]).collect();
+        nows.extend(ends);
         nows.extend(revealed.iter().copied().filter(|&t| in_window(t)));
     }
     nows.sort_unstable();
@@ -178,12 +181,15 @@ fn holder(token: u64) -> usize {
 /// Times of calls that only other calls reveal: completions (through `completed_at`) and
 /// grants nobody received (through `created_at` and lease deadlines).
 struct Revealed {
+    /// Times to try a completion at besides its window's start and its stretches' ends (see
+    /// `completion_times`).
     completions: Vec<u64>,
     grants: Vec<u64>,
 }
 
 impl Revealed {
-    fn of(ops: &[&Op], lease_ms: u64) -> Revealed {
+    fn of(ops: &[&Op], times: Times) -> Revealed {
+        let lease_ms = times.lease_ms;
         let mut grants: Vec<u64> = ops
             .iter()
             .flat_map(|op| match &op.ret {
@@ -208,27 +214,51 @@ impl Revealed {
         grants.sort_unstable();
         grants.dedup();
         Revealed {
-            completions: revealed_completions(ops),
+            completions: completion_times(ops, times),
             grants,
         }
     }
 }
 
-/// Completion times that reads of key `k` revealed (a completion's `now` is otherwise not
-/// visible).
-fn revealed_completions(ops: &[&Op]) -> Vec<u64> {
+/// Times at which a completion of key `k` may have run, to try besides its window's start,
+/// its record's deadlines and the latest time before each (which give every answer of its
+/// own): the completion times that reads revealed, and the latest completion times that
+/// later calls allow.
+///
+/// Unless a read reveals it, a completion's time shows later only through its record's
+/// expiry (that time plus the retention). A later call that saw the record live bounds the
+/// time from below; one that saw it expired bounds it from above, by that call's time (at
+/// most its `after`, or the fixed time of an acquisition or a heartbeat) less the retention.
+/// Lower bounds favour the latest time: if any time in a stretch of one answer fits every
+/// bound, the latest that fits does, and it is the stretch's end or one of the upper bounds.
+/// (Trying only the start and the deadlines missed a completion that ran late in a long
+/// call, which a later claim revealed only by seeing the record live.)
+fn completion_times(ops: &[&Op], times: Times) -> Vec<u64> {
+    let expired_by = |t: u64| t.checked_sub(times.retention_ms);
+    let fixed = |op: &Op| match &op.ret {
+        Ret::Claim {
+            shape: Shape::Acquired { lease_until, .. } | Shape::InProgress { lease_until, .. },
+            ..
+        } => Some(lease_until.as_millis().saturating_sub(times.lease_ms)),
+        Ret::Heartbeat(Ok(until)) => Some(until.saturating_sub(times.lease_ms)),
+        _ => None,
+    };
     let mut out: Vec<u64> = ops
         .iter()
-        .filter_map(|op| match &op.ret {
-            Ret::View(Some(ViewShape {
-                state: RecordState::Completed { completed_at, .. },
-                ..
-            })) => Some(completed_at.as_millis()),
-            Ret::Claim {
-                shape: Shape::Completed(replay),
-                ..
-            } => Some(replay.completed_at.as_millis()),
-            _ => None,
+        .flat_map(|op| {
+            let revealed = match &op.ret {
+                Ret::View(Some(ViewShape {
+                    state: RecordState::Completed { completed_at, .. },
+                    ..
+                })) => Some(completed_at.as_millis()),
+                Ret::Claim {
+                    shape: Shape::Completed(replay),
+                    ..
+                } => Some(replay.completed_at.as_millis()),
+                _ => None,
+            };
+            let bounds = [expired_by(op.after), fixed(op).and_then(expired_by)];
+            bounds.into_iter().chain([revealed]).flatten()
         })
         .collect();
     out.sort_unstable();
@@ -248,7 +278,7 @@ struct Node {
 /// The Wing–Gong search (in the form of Lowe's and porcupine's, with memoisation) over key
 /// `k`'s calls. Returns the states visited and, if there is no linearization, why.
 pub(super) fn linearize(k: usize, ops: &[&Op], times: Times) -> (u64, Option<String>) {
-    let revealed = Revealed::of(ops, times.lease_ms);
+    let revealed = Revealed::of(ops, times);
     let n = ops.len();
     let mut events: Vec<(u64, usize, bool)> = Vec::with_capacity(2 * n);
     for (i, op) in ops.iter().enumerate() {

@@ -5,7 +5,8 @@
 //! - every statement of a request's path runs as one task on one shard: the store's sessions
 //!   run with `citus.multi_task_query_log_level = error`, under which Citus fails any
 //!   statement of more than one task (the sweep, which is multi-shard, fails under it: the
-//!   negative control);
+//!   negative control); and a new key's insert is planned as a routed task, not pulled to the
+//!   coordinator;
 //! - tokens stay unique and increasing per key across both workers and across a shard move
 //!   (`citus_move_shard_placement`), and a lease held across the move still completes;
 //! - `complete_with`'s effects on a table co-located with the records (distributed by the
@@ -142,6 +143,63 @@ fn every_request_statement_runs_on_one_shard() -> idempotency_store::Result<()> 
     assert!(
         matches!(&swept, Err(Error::Storage { .. })),
         "a multi-shard statement ran under {SINGLE_TASK_ONLY}: {swept:?}"
+    );
+    Ok(())
+}
+
+/// A new key's insert, the claim's first statement, is planned as one task routed to the
+/// key's shard: not an `INSERT … SELECT` that Citus pulls to the coordinator, which the
+/// single-task setting above lets through. The plan is Citus's `EXPLAIN` of the statement's
+/// text as the store's session last sent it (`pg_stat_activity`), with the claim's parameters.
+#[test]
+fn a_new_keys_insert_is_one_task_routed_to_its_shard() -> idempotency_store::Result<()> {
+    let Some((url, _)) = cluster() else {
+        return Ok(());
+    };
+    let _serial = lock();
+    let schema = Schema::named(url.clone(), "citus", "routed_insert");
+    let store = distributed(&schema).pool_size(1).connect(&url)?;
+    assert!(matches!(
+        store.claim(&Key::new("fresh")?, fp("a"))?,
+        Claim::Acquired(_)
+    ));
+    let mut admin = admin(&url);
+    let row = admin
+        .query_one(
+            "SELECT query, octet_length(query) < (SELECT setting::int - 1 FROM pg_settings \
+                 WHERE name = 'track_activity_query_size') \
+             FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+             AND query LIKE '%' || $1::text || '%idempotency_token_seq%'",
+            &[&schema.name],
+        )
+        .expect("the store's session and its last statement");
+    let (insert, whole): (String, bool) = (row.get(0), row.get(1));
+    assert!(
+        whole,
+        "pg_stat_activity cut the statement short: the coordinator needs a larger \
+         track_activity_query_size (.ci/citus-setup sets it)"
+    );
+    admin
+        .batch_execute(&format!(
+            "PREPARE claim_insert (bigint, text, text, bytea, smallint, bigint, bigint, \
+             bigint) AS {insert}"
+        ))
+        .expect("prepare the insert's text");
+    let plan: Vec<String> = admin
+        .query(
+            "EXPLAIN EXECUTE claim_insert (NULL, '', 'probe', '\\x00', 1, 1000, 1000, NULL)",
+            &[],
+        )
+        .expect("explain the insert")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Custom Scan (Citus Adaptive)")
+            && plan.contains("Task Count: 1")
+            && !plan.contains("pull to coordinator"),
+        "the insert is not one routed task:\n{insert}\n{plan}"
     );
     Ok(())
 }

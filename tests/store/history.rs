@@ -560,3 +560,60 @@ fn the_search_explores_concurrent_orders() {
     let both = vec![op(0, 3, &won, Some(2)), op(1, 2, &won, Some(1))];
     assert_caught("two concurrent winners", &both);
 }
+
+#[test]
+fn a_completion_late_in_a_long_call_is_found() {
+    // Found on Citus under load: a completion's call spans 1010..=1200 (its lease lapsed at
+    // 1050, its record expires at 1300); no read reveals when it ran. A claim at 1450..=1460
+    // still finds the completed record (so it ran after 1150), and one at 1480 finds it
+    // expired (so it ran at 1180 at the latest): only a time in 1151..=1180 fits.
+    let mut model = Model::with_times(TIMES.lease_ms, TIMES.retention_ms);
+    let op = |inv: u64, (before, after), call, ret| Op {
+        thread: inv as usize,
+        key: 0,
+        call,
+        ret,
+        inv,
+        resp: inv + 1,
+        before,
+        after,
+    };
+    let claim = |model: &mut Model, now, fp, token: u64| {
+        let shape = model.claim(0, fp, now, token as usize);
+        let token = matches!(shape, Shape::Acquired { .. }).then_some(token);
+        (Call::Claim { fp, wait: false }, Ret::Claim { shape, token })
+    };
+    let (call, ret) = claim(&mut model, 1000, 0, 1);
+    let first = op(0, (1000, 1000), call, ret);
+    let done = model.complete(0, 1, 1170, response(7));
+    let complete = op(
+        2,
+        (1010, 1200),
+        Call::Complete { token: 1, body: 7 },
+        Ret::Fenced(done),
+    );
+    let (call, ret) = claim(&mut model, 1455, 1, 99);
+    assert!(matches!(
+        ret,
+        Ret::Claim {
+            shape: Shape::Mismatch(_),
+            ..
+        }
+    ));
+    let live = op(4, (1450, 1460), call, ret);
+    let (call, ret) = claim(&mut model, 1480, 1, 2);
+    assert!(matches!(
+        ret,
+        Ret::Claim {
+            shape: Shape::Acquired { attempt: 1, .. },
+            ..
+        }
+    ));
+    let expired = op(6, (1470, 1490), call, ret);
+    assert_eq!(
+        violations(&[first.clone(), complete.clone(), live.clone(), expired]),
+        Vec::<String>::new()
+    );
+    // Without the claim that saw it expired, the latest time of the call fits too.
+    assert_eq!(violations(&[first, complete, live]), Vec::<String>::new());
+}
