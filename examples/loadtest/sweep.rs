@@ -136,6 +136,7 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     let base_n = base_lat.len();
     let baseline = percentiles(base_lat);
 
+    let merges_before = store.metrics().engine.map_or(0, |e| e.merges);
     let done = AtomicBool::new(false);
     let (sweep_result, during) = thread::scope(|s| {
         let sweeper = s.spawn(|| {
@@ -168,12 +169,12 @@ pub(crate) fn sweep_run(args: &Args, out: &Out, base: PathBuf) -> Res<Value> {
     if let Some(e) = metrics.engine {
         out.line(format!(
             "engine: {} swept in {:.2} s ({:.2} s paced), {} calls shared a batch with a sweep, \
-             {} merges (slowest {:.0} ms), {} batches",
+             {} merges during it (slowest of the run {:.0} ms), {} batches",
             metrics.swept,
             e.sweep_time.as_secs_f64(),
             e.sweep_paced.as_secs_f64(),
             e.sweep_shared_calls,
-            e.merges,
+            e.merges - merges_before,
             e.max_merge.as_secs_f64() * 1e3,
             e.batches
         ));
