@@ -53,6 +53,14 @@ macro_rules! on_both_backends {
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// Seeded from the clock, for tests that print their seed so a failure can be replayed.
+    pub fn from_clock() -> Rng {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        Rng(nanos | 1)
+    }
+
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

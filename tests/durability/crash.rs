@@ -13,12 +13,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
 
 use crate::acks;
+use crate::common::Rng;
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
@@ -201,21 +202,6 @@ fn check_takeover(store: &Store, clock: &ManualClock, acks: &Acks, log: &mut Log
     Ok(false)
 }
 
-fn seed() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    nanos | 1
-}
-
-fn next(state: &mut u64) -> u64 {
-    // xorshift64: enough to spread the kill moments.
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 /// The log written with `O_DSYNC` (the default on Linux).
 #[test]
 fn sigkill_never_loses_an_acknowledged_result() -> Result<()> {
@@ -238,8 +224,8 @@ fn sigkill_loop(portable: bool) -> Result<()> {
         .unwrap_or(50);
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = std::env::current_exe().expect("test binary");
-    let mut rng = seed();
-    println!("crash test: seed {rng}, {iterations} kills");
+    let mut rng = Rng::from_clock();
+    println!("crash test: seed {}, {iterations} kills", rng.0);
     let (mut kills, mut checks, mut takeovers, mut acknowledged) = (0, 0, 0, 0);
     let mut ledger_rows = 0;
     let started = Instant::now();
@@ -267,7 +253,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
                 "child died before ready"
             );
         }
-        std::thread::sleep(Duration::from_millis(20 + next(&mut rng) % 300));
+        std::thread::sleep(Duration::from_millis(20 + rng.next() % 300));
         child.kill().expect("SIGKILL");
         let status = child.wait().expect("wait");
         assert!(!status.success(), "the child ended by itself: {status}");

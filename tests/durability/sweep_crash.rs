@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idempotency_store::IdempotencyStore;
 use idempotency_store::{
     Claim, Fingerprint, Key, ManualClock, RecordState, Response, Result, Store, Timestamp,
 };
+
+use crate::common::Rng;
 
 const CHILD_ENV: &str = "IDEMPOTENCY_SWEEP_CRASH_DIR";
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -137,20 +139,6 @@ fn template(dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn seed() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    nanos | 1
-}
-
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 fn acked(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for t in 0..WRITERS {
@@ -166,7 +154,7 @@ fn acked(dir: &Path) -> Vec<String> {
 
 /// The reopened store holds every unexpired record, and no expired one answers a claim with
 /// its response.
-fn check(path: &Path, dir: &Path, rng: &mut u64) -> Result<usize> {
+fn check(path: &Path, dir: &Path, rng: &mut Rng) -> Result<usize> {
     let clock = ManualClock::new(sweep_time());
     let store = open(path, &clock)?;
     let report = store.verify()?;
@@ -184,7 +172,7 @@ fn check(path: &Path, dir: &Path, rng: &mut u64) -> Result<usize> {
     }
     // 200 distinct expired keys from a random start (a key claimed twice would rightly
     // answer the second time that it is in progress).
-    let start = next(rng) % EXPIRED as u64;
+    let start = rng.next() % EXPIRED as u64;
     for k in 0..200 {
         let name = format!("old-{}", (start + k * 499) % EXPIRED as u64);
         match store.claim(&Key::new(&name)?, fp(&name))? {
@@ -207,8 +195,8 @@ fn sigkill_during_a_sweep_loses_no_unexpired_record_and_replays_no_expired_one()
     let root = tempfile::tempdir().expect("tempdir");
     let template = template(root.path())?;
     let exe = std::env::current_exe().expect("test binary");
-    let mut rng = seed();
-    println!("sweep crash test: seed {rng}, {ITERATIONS} kills");
+    let mut rng = Rng::from_clock();
+    println!("sweep crash test: seed {}, {ITERATIONS} kills", rng.0);
     let (mut swept_before_kill, mut checked) = (0, 0);
     for iteration in 0..ITERATIONS {
         let dir = root.path().join(format!("run-{iteration}"));
@@ -234,7 +222,7 @@ fn sigkill_during_a_sweep_loses_no_unexpired_record_and_replays_no_expired_one()
             assert!(out.read_line(&mut line).expect("stdout") > 0, "child died");
         }
         // Most kills land while the sweep runs, the odd one after it finished.
-        thread::sleep(Duration::from_millis(50 + next(&mut rng) % 2_000));
+        thread::sleep(Duration::from_millis(50 + rng.next() % 2_000));
         child.kill().expect("SIGKILL");
         let status = child.wait().expect("wait");
         assert!(!status.success(), "the child ended by itself: {status}");
