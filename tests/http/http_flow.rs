@@ -123,6 +123,20 @@ fn stores(test: &str, lease: Duration) -> Vec<(String, Arc<dyn IdempotencyStore>
     out
 }
 
+/// Runs `check` against every backend at once, each on a thread of its own: these tests
+/// mostly wait (slow handlers, leases running out), and the backends need not wait in turn.
+fn on_each_store(
+    stores: Vec<(String, Arc<dyn IdempotencyStore>)>,
+    check: impl Fn(String, Arc<dyn IdempotencyStore>) + Sync,
+) {
+    std::thread::scope(|s| {
+        for (name, store) in stores {
+            let check = &check;
+            s.spawn(move || check(name, store));
+        }
+    });
+}
+
 #[cfg(feature = "postgres")]
 mod pg {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -201,7 +215,7 @@ fn counting_app(runs: Arc<Mutex<HashMap<String, usize>>>, delay: Duration) -> Ap
 
 #[test]
 fn sixteen_concurrent_duplicates_of_fifty_keys_run_once_each() {
-    for (name, store) in stores("dups", Duration::from_secs(30)) {
+    on_each_store(stores("dups", Duration::from_secs(30)), |name, store| {
         for form in FORMS {
             let runs = Arc::new(Mutex::new(HashMap::new()));
             let options = HandleOptions::new().wait(Duration::from_secs(20));
@@ -256,13 +270,13 @@ fn sixteen_concurrent_duplicates_of_fifty_keys_run_once_each() {
             assert_eq!(runs.len(), 50);
             assert!(runs.values().all(|&n| n == 1), "{name} {form:?}: {runs:?}");
         }
-    }
+    });
 }
 
 #[test]
 fn bad_keys_400_body_too_large_413_reuse_422_and_in_flight_409() {
     let lease = Duration::from_secs(10);
-    for (name, store) in stores("answers", lease) {
+    on_each_store(stores("answers", lease), |name, store| {
         for form in FORMS {
             let runs = Arc::new(Mutex::new(HashMap::new()));
             let options = HandleOptions::new().max_body(64);
@@ -337,46 +351,49 @@ fn bad_keys_400_body_too_large_413_reuse_422_and_in_flight_409() {
                 "{ctx}: only the slow key ran"
             );
         }
-    }
+    });
 }
 
 #[test]
 fn canonical_json_replays_reformatted_bodies_and_rejects_a_changed_amount() {
-    for (name, store) in stores("canonical", Duration::from_secs(30)) {
-        for form in FORMS {
-            let runs = Arc::new(Mutex::new(HashMap::new()));
-            let policy = FingerprintPolicy::raw().canonical_json();
-            let options = HandleOptions::new().fingerprint(policy);
-            let app = counting_app(Arc::clone(&runs), Duration::ZERO);
-            let server = start(form, Arc::clone(&store), options, app);
-            let http = Client::new(server.addr);
-            let key = format!("{name}-{form:?}-canon");
-            let first = http
-                .post(
-                    "/pay",
-                    Some(&key),
-                    r#"{"amount":4999,"currency":"usd","meta":{"a":1,"b":[1,2]}}"#,
-                )
-                .expect("post");
-            assert_eq!((first.status, first.replayed()), (201, false));
-            let reformatted = "{ \"meta\" : {\"b\": [1, 2], \"a\": 1},\n  \"currency\": \"usd\",\t\"amount\": 4999 }";
-            let replay = http.post("/pay", Some(&key), reformatted).expect("post");
-            assert!(
-                replay.replayed() && replay.body == first.body,
-                "{name} {form:?}: {replay:?}"
-            );
-            let changed = r#"{"amount":5000,"currency":"usd","meta":{"a":1,"b":[1,2]}}"#;
-            let reused = http.post("/pay", Some(&key), changed).expect("post");
-            assert_eq!(reused.status, 422, "{name} {form:?}");
-            assert_eq!(runs.lock().expect("lock")[&key], 1);
-        }
-    }
+    on_each_store(
+        stores("canonical", Duration::from_secs(30)),
+        |name, store| {
+            for form in FORMS {
+                let runs = Arc::new(Mutex::new(HashMap::new()));
+                let policy = FingerprintPolicy::raw().canonical_json();
+                let options = HandleOptions::new().fingerprint(policy);
+                let app = counting_app(Arc::clone(&runs), Duration::ZERO);
+                let server = start(form, Arc::clone(&store), options, app);
+                let http = Client::new(server.addr);
+                let key = format!("{name}-{form:?}-canon");
+                let first = http
+                    .post(
+                        "/pay",
+                        Some(&key),
+                        r#"{"amount":4999,"currency":"usd","meta":{"a":1,"b":[1,2]}}"#,
+                    )
+                    .expect("post");
+                assert_eq!((first.status, first.replayed()), (201, false));
+                let reformatted = "{ \"meta\" : {\"b\": [1, 2], \"a\": 1},\n  \"currency\": \"usd\",\t\"amount\": 4999 }";
+                let replay = http.post("/pay", Some(&key), reformatted).expect("post");
+                assert!(
+                    replay.replayed() && replay.body == first.body,
+                    "{name} {form:?}: {replay:?}"
+                );
+                let changed = r#"{"amount":5000,"currency":"usd","meta":{"a":1,"b":[1,2]}}"#;
+                let reused = http.post("/pay", Some(&key), changed).expect("post");
+                assert_eq!(reused.status, 422, "{name} {form:?}");
+                assert_eq!(runs.lock().expect("lock")[&key], 1);
+            }
+        },
+    );
 }
 
 #[test]
 fn a_handler_running_three_leases_is_heartbeaten_and_never_taken_over() {
     let lease = Duration::from_millis(600);
-    for (name, store) in stores("heartbeat", lease) {
+    on_each_store(stores("heartbeat", lease), |name, store| {
         for form in FORMS {
             let runs = Arc::new(Mutex::new(HashMap::new()));
             let app = counting_app(Arc::clone(&runs), lease * 3);
@@ -412,7 +429,7 @@ fn a_handler_running_three_leases_is_heartbeaten_and_never_taken_over() {
             let replay = http.post("/pay", Some(&key), &json_body(7)).expect("post");
             assert!(replay.replayed() && replay.body == first.body);
         }
-    }
+    });
 }
 
 /// Sends a request and hangs up before the answer, once `started` says the handler runs.
@@ -436,7 +453,7 @@ fn post_and_hang_up(addr: std::net::SocketAddr, key: &str, body: &str, started: 
 #[test]
 fn a_client_hanging_up_mid_handler_cancels_nothing() {
     let lease = Duration::from_millis(800);
-    for (name, store) in stores("hangup", lease) {
+    on_each_store(stores("hangup", lease), |name, store| {
         // Tower: the handler runs on a task of its own, so the hang-up cancels nothing: it
         // finishes (heartbeating past its 800 ms lease), its answer is stored, and the
         // retry replays attempt 1. It never runs twice.
@@ -527,7 +544,7 @@ fn a_client_hanging_up_mid_handler_cancels_nothing() {
         assert!(retry.status == 201 && retry.replayed(), "{name}: {retry:?}");
         assert_eq!(retry.json()["attempt"], 1);
         assert_eq!(runs.lock().expect("lock")[&key], 1);
-    }
+    });
 }
 
 #[test]
