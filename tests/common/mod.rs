@@ -48,6 +48,18 @@ macro_rules! on_both_backends {
     };
 }
 
+/// The size of a long loop (kills, power cuts, records written): `full` with
+/// `IDEMPOTENCY_TEST_SCALE=full` (CI runs these tests that way, as does the soak command in
+/// CONTRIBUTING.md), `quick` otherwise, so that `cargo test` stays a short loop for whoever is
+/// changing the code.
+pub fn scaled(quick: usize, full: usize) -> usize {
+    if std::env::var("IDEMPOTENCY_TEST_SCALE").is_ok_and(|v| v == "full") {
+        full
+    } else {
+        quick
+    }
+}
+
 /// A small deterministic generator (xorshift64) for the crash tests' choices; the seed must
 /// not be zero.
 pub struct Rng(pub u64);

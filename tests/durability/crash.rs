@@ -5,8 +5,8 @@
 //! with SIGKILL at a random moment, reopens the file and checks every acknowledged result
 //! against the store.
 //!
-//! `cargo test --test crash` runs 50 kills; `CRASH_ITERATIONS=1000 cargo test --release --test
-//! crash` runs the long version.
+//! `cargo test` runs 12 kills per test, with `IDEMPOTENCY_TEST_SCALE=full` (as CI runs it) 50;
+//! `CRASH_ITERATIONS=1000 cargo test --release --test durability -- crash::` is the long run.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -19,7 +19,7 @@ use idempotency_store::IdempotencyStore;
 use idempotency_store::{Claim, Key, ManualClock, RecordState, Result, Store, Timestamp};
 
 use crate::acks;
-use crate::common::Rng;
+use crate::common::{Rng, scaled};
 use acks::{Acks, Event, LEDGER, check_ledger, complete, fingerprint};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_CRASH_CHILD_DIR";
@@ -221,7 +221,7 @@ fn sigkill_loop(portable: bool) -> Result<()> {
     let iterations: usize = std::env::var("CRASH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or_else(|| scaled(12, 50));
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = std::env::current_exe().expect("test binary");
     let mut rng = Rng::from_clock();

@@ -1,7 +1,8 @@
 //! A SIGKILL during a sweep of 10^5 expired records, with claims still being made: after the
 //! reopen no unexpired record is missing (neither the ones that were there before the sweep
 //! nor the ones acknowledged during it) and no expired record replays. The same child set-up
-//! as `crash` (a real process, killed at a random moment), on a copy of one prefilled file.
+//! as `crash` (a real process, killed at a random moment), on a copy of one prefilled file:
+//! 2 kills under `cargo test`, 8 with `IDEMPOTENCY_TEST_SCALE=full` (as CI runs it).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -16,7 +17,7 @@ use idempotency_store::{
     Claim, Fingerprint, Key, ManualClock, RecordState, Response, Result, Store, Timestamp,
 };
 
-use crate::common::Rng;
+use crate::common::{Rng, scaled};
 
 const CHILD_ENV: &str = "IDEMPOTENCY_SWEEP_CRASH_DIR";
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -24,7 +25,6 @@ const T0: u64 = 1_700_000_000_000;
 const EXPIRED: usize = 100_000;
 const LIVE: usize = 2_000;
 const WRITERS: usize = 4;
-const ITERATIONS: usize = 8;
 
 /// When the child sweeps: every `old-` record has expired (they expire over one second, 20 ms
 /// per 2,000 records), no `live-` one has.
@@ -187,6 +187,49 @@ fn check(path: &Path, dir: &Path, rng: &mut Rng) -> Result<usize> {
     Ok(checked)
 }
 
+/// One iteration: a child on a fresh copy of the template, SIGKILLed at a random moment, then
+/// checked. Whether the sweep had ended before the kill, and how many records were checked.
+fn kill_and_check(
+    root: &Path,
+    template: &Path,
+    iteration: usize,
+    rng: &mut Rng,
+) -> Result<(bool, usize)> {
+    let dir = root.join(format!("run-{iteration}"));
+    std::fs::create_dir(&dir).expect("run dir");
+    let path = dir.join("store.redb");
+    std::fs::copy(template, &path).expect("copy the template");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut child = Command::new(&exe)
+        .args([
+            "--exact",
+            "sweep_crash::sweep_crash_child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("stdout") > 0, "child died");
+    }
+    // Most kills land while the sweep runs, the odd one after it finished.
+    thread::sleep(Duration::from_millis(50 + rng.next() % 2_000));
+    child.kill().expect("SIGKILL");
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "the child ended by itself: {status}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).ok();
+    let checked = check(&path, &dir, rng)?;
+    std::fs::remove_dir_all(&dir).ok();
+    Ok((rest.contains("swept"), checked))
+}
+
 #[test]
 fn sigkill_during_a_sweep_loses_no_unexpired_record_and_replays_no_expired_one() -> Result<()> {
     if std::env::var_os(CHILD_ENV).is_some() {
@@ -194,50 +237,39 @@ fn sigkill_during_a_sweep_loses_no_unexpired_record_and_replays_no_expired_one()
     }
     let root = tempfile::tempdir().expect("tempdir");
     let template = template(root.path())?;
-    let exe = std::env::current_exe().expect("test binary");
-    let mut rng = Rng::from_clock();
-    println!("sweep crash test: seed {}, {ITERATIONS} kills", rng.0);
-    let (mut swept_before_kill, mut checked) = (0, 0);
-    for iteration in 0..ITERATIONS {
-        let dir = root.path().join(format!("run-{iteration}"));
-        std::fs::create_dir(&dir).expect("run dir");
-        let path = dir.join("store.redb");
-        std::fs::copy(&template, &path).expect("copy the template");
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "sweep_crash::sweep_crash_child_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn child");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        while !line.contains("ready") {
-            line.clear();
-            assert!(out.read_line(&mut line).expect("stdout") > 0, "child died");
-        }
-        // Most kills land while the sweep runs, the odd one after it finished.
-        thread::sleep(Duration::from_millis(50 + rng.next() % 2_000));
-        child.kill().expect("SIGKILL");
-        let status = child.wait().expect("wait");
-        assert!(!status.success(), "the child ended by itself: {status}");
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut out, &mut rest).ok();
-        swept_before_kill += usize::from(rest.contains("swept"));
-        checked += check(&path, &dir, &mut rng)?;
-        std::fs::remove_dir_all(&dir).ok();
-    }
+    let iterations = scaled(2, 8);
+    let seed = Rng::from_clock().0;
+    println!("sweep crash test: seed {seed}, {iterations} kills");
+    // Two at a time: each iteration is one child and one single-threaded check, and this
+    // test often runs last in its binary with the other core idle.
+    let runs: Vec<(bool, usize)> = thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (root, template) = (root.path(), template.as_path());
+                s.spawn(move || -> Result<Vec<(bool, usize)>> {
+                    let mut rng =
+                        Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                    (w..iterations)
+                        .step_by(2)
+                        .map(|iteration| kill_and_check(root, template, iteration, &mut rng))
+                        .collect()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("kill worker"))
+            .collect::<Result<Vec<_>>>()
+            .map(|runs| runs.into_iter().flatten().collect())
+    })?;
+    let swept_before_kill = runs.iter().filter(|(swept, _)| *swept).count();
+    let checked: usize = runs.iter().map(|(_, checked)| checked).sum();
     println!(
-        "sweep crash test: {ITERATIONS} SIGKILLs ({swept_before_kill} after the sweep ended), \
+        "sweep crash test: {iterations} SIGKILLs ({swept_before_kill} after the sweep ended), \
          {checked} unexpired records checked"
     );
     assert!(
-        swept_before_kill < ITERATIONS,
+        swept_before_kill < iterations,
         "no kill landed during a sweep"
     );
     Ok(())

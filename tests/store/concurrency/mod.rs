@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::common::scaled;
 use idempotency_store::{
     Claim, Fingerprint, IdempotencyStore, Key, ManualClock, RecordState, Response, Result, Store,
     Timestamp,
@@ -49,16 +50,23 @@ fn join<T>(handle: thread::ScopedJoinHandle<'_, T>) -> T {
 /// Reads share one redb snapshot until the writer drops an overlay generation that redb has
 /// taken (`engine::snapshot`). A read that checked the overlay just after such a drop, with a
 /// snapshot from before the flush, would find the key in neither: this test looks up keys the
-/// moment they are completed, while 4 writers push 32,000 records through the overlay (about
-/// 30 generations, and as many merges of the log) and 4 readers keep looking up the newest
-/// acknowledged keys.
+/// moment they are completed, while 4 writers push records through the overlay (about 30
+/// generations, and as many merges of the log: 32,000 records through the default 1 MiB log
+/// with `IDEMPOTENCY_TEST_SCALE=full`, as CI runs it; 8,000 through a 256 KiB one under
+/// `cargo test`) and 4 readers keep looking up the newest acknowledged keys.
 #[test]
 fn lookups_never_miss_an_acknowledged_key_while_generations_move_into_redb() -> Result<()> {
     const WRITERS: usize = 4;
     const READERS: usize = 4;
-    const PER_WRITER: usize = 8_000;
+    let per_writer = scaled(2_000, 8_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = open(&dir.path().join("generations.redb"), 128)?;
+    // 1024 records per MiB of log: the same number of generations at either scale.
+    let store = Store::builder()
+        .clock(ManualClock::new(Timestamp::from_millis(T0)))
+        .lease(Duration::from_secs(60))
+        .max_batch(128)
+        .log_size(per_writer as u64 / 2_000 * (256 << 10))
+        .open(dir.path().join("generations.redb"))?;
     let f = fp("generations");
     // Per writer, how many of its keys are acknowledged so far.
     let acked: Vec<AtomicU64> = (0..WRITERS).map(|_| AtomicU64::new(0)).collect();
@@ -69,7 +77,7 @@ fn lookups_never_miss_an_acknowledged_key_while_generations_move_into_redb() -> 
             .map(|w| {
                 let (store, acked) = (&store, &acked[w]);
                 s.spawn(move || -> Result<()> {
-                    for i in 0..PER_WRITER {
+                    for i in 0..per_writer {
                         let key = key(&format!("gen{w}"), i);
                         match store.claim(&key, f)? {
                             Claim::Acquired(lease) => store.complete(&lease, key_response(i))?,

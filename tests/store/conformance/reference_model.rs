@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use super::Settings;
 #[cfg(feature = "postgres")]
 use super::pg;
+use crate::common::scaled;
 use crate::reference;
 
 /// A model run's store: lease and retention of the reference model, and its clock.
@@ -100,7 +101,7 @@ fn postgres_backend_matches_the_reference_model() {
     let cases = std::env::var("CONFORMANCE_MODEL_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
+        .unwrap_or_else(|| scaled(6, 24) as u32);
     matches_the_reference_model::<idempotency_store::pg::PgStore>(
         cases,
         reference::Ties::Key,
