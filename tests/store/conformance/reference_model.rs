@@ -91,6 +91,8 @@ fn redb_backend_matches_the_reference_model() {
     });
 }
 
+/// 6 cases under `cargo test`, 24 with `IDEMPOTENCY_TEST_SCALE=full` (as CI runs it);
+/// `CONFORMANCE_MODEL_CASES` sets any other number.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_backend_matches_the_reference_model() {
