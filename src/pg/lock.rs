@@ -52,6 +52,17 @@ pub(super) const WRITE_NOW: &str = concat!(
     ")"
 );
 
+/// [`NOW`] for a sweep's statement: its commit does not wait for the log's flush
+/// (`synchronous_commit` off for its own transaction). What it deletes has expired, so a crash
+/// that loses the deletion loses nothing a caller relies on: the records are expired still
+/// and the next sweep deletes them. A later durable commit flushes the log up to itself, this
+/// deletion included, so a claim that took a swept key over never outlives the deletion it
+/// followed. Waiting for the flush made the sweep's commits and the claims' share one disk
+/// queue (BENCHMARKS.md, "Sweep, space, recovery").
+pub(super) const SWEEP_NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
+     set_config('synchronous_commit', 'off', true) AS lazy)";
+
 /// [`durable!`], for statements built at run time.
 pub(super) const DURABLE: &str = durable!();
 

@@ -205,13 +205,15 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// (`SELECT … FOR UPDATE`), the caller's statements run, the fenced `UPDATE` stores the
 /// response, and the transaction commits.
 ///
-/// Every statement also raises `synchronous_commit` to at least `on` for its own transaction
-/// (`set_config(…, true)` in its first CTE; no extra round trip, nothing kept in the session),
-/// so that a role's or session's `local` or `off` cannot weaken what it acknowledges, and a
-/// commit whose wait for a synchronous standby was cancelled (PostgreSQL then answers success
-/// with a WARNING) fails with an outcome-unknown [`Error::Storage`]. Whether the server's
-/// commits survive its failover at all is [`FailoverSafety`], read at connect and checked
-/// again while the store runs (see [`PgStoreBuilder::failover_check_period`]).
+/// Every statement but the sweep's raises `synchronous_commit` to at least `on` for its own
+/// transaction (`set_config(…, true)` in its first CTE; no extra round trip, nothing kept in
+/// the session), so that a role's or session's `local` or `off` cannot weaken what it
+/// acknowledges, and a commit whose wait for a synchronous standby was cancelled (PostgreSQL
+/// then answers success with a WARNING) fails with an outcome-unknown [`Error::Storage`]. The
+/// sweep's statements on a single server set it to `off` instead: they delete only expired records, which a lost
+/// deletion leaves expired for the next sweep (docs/postgres.md, "Its own commits"). Whether
+/// the server's commits survive its failover at all is [`FailoverSafety`], read at connect and
+/// checked again while the store runs (see [`PgStoreBuilder::failover_check_period`]).
 ///
 /// Round trips: a new key's claim is one statement, a replay or any other answer two, a
 /// takeover three (with an injected clock, three more: `BEGIN`, the lock, `COMMIT`); every

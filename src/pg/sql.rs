@@ -1,7 +1,9 @@
 //! The text of every statement, for one schema: the fence that statements share, and [`Sql`],
 //! built once per store.
 
-use super::lock::{CLOCK, DURABLE_CALLS, NOW, WRITE_NOW, after_lock, key_lock, try_key_lock};
+use super::lock::{
+    CLOCK, DURABLE_CALLS, NOW, SWEEP_NOW, WRITE_NOW, after_lock, key_lock, try_key_lock,
+};
 use super::rows::RECORD_COLUMNS;
 use super::typed::Query;
 use super::{distributed, quota};
@@ -161,7 +163,7 @@ impl Sql {
             // and filters, which reads every live row when few have expired; as a subquery it
             // bounds the scan (`Index Cond`), in the index's order (migration 8).
             sweep: Query::new(format!(
-                "{WRITE_NOW}, doomed AS MATERIALIZED (\
+                "{SWEEP_NOW}, doomed AS MATERIALIZED (\
                      SELECT x.ctid, x.scope, x.key FROM {t} AS x \
                      WHERE x.expires_at <= (SELECT c.now FROM c) \
                      ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \
