@@ -105,9 +105,9 @@ fn postgres_without_prepared_statements_runs_routines() -> Result<()> {
 
 /// The store keeps nothing on a server session between its transactions, so that a
 /// transaction pooler may hand the session to another client (PgBouncer 1.21+ carries the
-/// prepared statements): with a session default of `synchronous_commit = local`, claims and
-/// completions, prepared (the default) or not, leave it in force; each write raises it for its
-/// own transaction only.
+/// prepared statements): with a session default of `synchronous_commit = local`, claims,
+/// completions and sweeps, prepared (the default) or not, leave it in force; each write raises
+/// it (a sweep lowers it) for its own transaction only.
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_sets_nothing_for_the_session() -> Result<()> {
@@ -131,6 +131,7 @@ fn postgres_sets_nothing_for_the_session() -> Result<()> {
             store.complete(&lease, Response::new(201, "charged"))?;
             assert!(matches!(store.claim(&key, fp("a"))?, Claim::Completed(_)));
         }
+        store.sweep(64)?;
         let session = store.read_with(|txn| {
             txn.query_one("SHOW synchronous_commit", &[])
                 .map(|row| row.get::<_, String>(0))
