@@ -13,6 +13,8 @@ mod common;
 mod raw;
 #[path = "../reference/mod.rs"]
 mod reference;
+#[path = "../common/threads.rs"]
+mod threads;
 
 mod crash;
 mod damaged;

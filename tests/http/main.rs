@@ -7,6 +7,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/threads.rs"]
+mod threads;
 
 // What several modules drive, compiled once: the adapters of `tests/adapters/`, the example
 // servers (their `main`s unused here) and their client.

@@ -7,5 +7,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/threads.rs"]
+mod threads;
 
 mod metrics;

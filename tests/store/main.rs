@@ -13,6 +13,8 @@ mod reference;
 #[macro_use]
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/threads.rs"]
+mod threads;
 
 mod async_store;
 mod clock;
