@@ -11,7 +11,8 @@ use crate::api::response::Response;
 use crate::error::{Error, Result};
 
 /// A failed statement as an error. An `ERROR` the server answered for the statement means it
-/// was rolled back (every call is one statement or one transaction): nothing was applied.
+/// was rolled back (every call is one statement or one transaction): nothing was applied,
+/// unless its code says the server lost touch with where the write ran ([`rolled_back`]).
 /// Anything else (the connection lost, a `FATAL` from a terminated backend) may have come after
 /// the statement committed: the sync client reports a connection's `FATAL` even when the
 /// statement's success had already arrived, so the outcome is unknown.
@@ -28,14 +29,27 @@ pub(super) fn pg(context: &'static str, err: ::postgres::Error) -> Error {
         }
         _ => context,
     };
-    let rolled_back = err
-        .as_db_error()
-        .is_some_and(|db| db.parsed_severity() == Some(::postgres::error::Severity::Error));
-    if rolled_back {
+    let applied_nothing = err.as_db_error().is_some_and(|db| {
+        db.parsed_severity() == Some(::postgres::error::Severity::Error)
+            && rolled_back(db.code().code())
+    });
+    if applied_nothing {
         Error::not_applied(context, err)
     } else {
         Error::storage(context, err)
     }
+}
+
+/// Whether an `ERROR` with SQLSTATE `code` proves the statement did nothing. One server rolls
+/// back whatever it answers `ERROR` to, but a Citus coordinator answers `ERROR` also when it
+/// lost a worker while the worker ran or committed the write: "could not commit transaction for
+/// shard …" (`XX000`, after a commit whose reply never came), a lost connection (`08006`), or
+/// the worker's own shutdown or I/O error passed on (`57P01`, `58030`). The write may have
+/// committed on the worker, so these classes (connection exception, operator intervention,
+/// system error, internal error) leave the outcome unknown. On one server that costs at most a
+/// retry that finds the call's own result, where a wrong "did nothing" would hide a write.
+fn rolled_back(code: &str) -> bool {
+    !matches!(code.get(..2), Some("08" | "57" | "58" | "XX"))
 }
 
 pub(super) fn parts(key: &Key) -> (&str, &str) {
@@ -263,6 +277,16 @@ pub(super) fn check_row(row: &Row, problems: &mut Vec<String>, max_token: &mut u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_that_may_follow_a_workers_commit_leave_the_outcome_unknown() {
+        for code in ["XX000", "08006", "08003", "57P01", "57014", "58030"] {
+            assert!(!rolled_back(code), "{code}");
+        }
+        for code in ["23505", "40001", "40P01", "42P01", "22001", "55P03", "25P02"] {
+            assert!(rolled_back(code), "{code}");
+        }
+    }
 
     #[test]
     fn column_positions_match_the_column_list() {

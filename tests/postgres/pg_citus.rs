@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idempotency_store::{
-    Claim, Error, Fingerprint, IdempotencyStore, Key, Response,
+    Claim, Error, Fingerprint, IdempotencyStore, Key, Lease, Response,
     pg::{PgStore, PgStoreBuilder},
 };
 
@@ -429,7 +429,53 @@ fn what_the_mode_cannot_do_is_refused_at_connect() {
 struct Ledger {
     claimed: Vec<String>,
     completed: Vec<String>,
+    /// Claims that failed with nothing applied: the key must still be free.
+    refused: Vec<String>,
+    /// Completions that failed with their outcome unknown, and their leases: the retry the
+    /// contract prescribes must answer `Ok`.
+    in_doubt: Vec<(String, Lease)>,
     errors: usize,
+}
+
+/// One load thread's calls on fresh keys `t{t}-{i}` until `stop`: every fourth claim held,
+/// the others completed with their name as the body.
+fn load(t: usize, store: &PgStore, stop: &AtomicBool, ledger: &Mutex<Ledger>) {
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let name = format!("t{t}-{i}");
+        let key = Key::new(&name).expect("key");
+        let lease = match store.claim(&key, fp(&name)) {
+            Ok(Claim::Acquired(lease)) => lease,
+            Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
+            Err(err) => {
+                let mut ledger = ledger.lock().unwrap();
+                ledger.errors += 1;
+                if !err.outcome_unknown() {
+                    ledger.refused.push(name);
+                }
+                drop(ledger);
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+        };
+        ledger.lock().unwrap().claimed.push(name.clone());
+        if i.is_multiple_of(4) {
+            continue; // held, never completed
+        }
+        match store.complete(&lease, Response::new(201, name.clone())) {
+            Ok(()) => ledger.lock().unwrap().completed.push(name),
+            Err(err) => {
+                let mut ledger = ledger.lock().unwrap();
+                ledger.errors += 1;
+                if err.outcome_unknown() {
+                    ledger.in_doubt.push((name, lease));
+                }
+                drop(ledger);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
 }
 
 #[test]
@@ -453,34 +499,7 @@ fn a_worker_restart_under_load_loses_no_acknowledged_write() -> idempotency_stor
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (store, stop, ledger) = (store.clone(), stop.clone(), ledger.clone());
-            std::thread::spawn(move || {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let name = format!("t{t}-{i}");
-                    let key = Key::new(&name).expect("key");
-                    let lease = match store.claim(&key, fp(&name)) {
-                        Ok(Claim::Acquired(lease)) => lease,
-                        Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
-                        Err(_) => {
-                            ledger.lock().unwrap().errors += 1;
-                            std::thread::sleep(Duration::from_millis(5));
-                            continue;
-                        }
-                    };
-                    ledger.lock().unwrap().claimed.push(name.clone());
-                    if i.is_multiple_of(4) {
-                        continue; // held, never completed
-                    }
-                    match store.complete(&lease, Response::new(201, name.clone())) {
-                        Ok(()) => ledger.lock().unwrap().completed.push(name),
-                        Err(_) => {
-                            ledger.lock().unwrap().errors += 1;
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                    }
-                }
-            })
+            std::thread::spawn(move || load(t, &store, &stop, &ledger))
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
@@ -499,7 +518,7 @@ fn a_worker_restart_under_load_loses_no_acknowledged_write() -> idempotency_stor
     for thread in threads {
         thread.join().expect("a load thread panicked");
     }
-    let ledger = ledger.lock().unwrap();
+    let mut ledger = ledger.lock().unwrap();
     let after = ledger.claimed.len();
     assert!(
         before > 0 && after > before,
@@ -509,7 +528,23 @@ fn a_worker_restart_under_load_loses_no_acknowledged_write() -> idempotency_stor
         ledger.errors > 0,
         "the restart failed no call: was the worker restarted?"
     );
-    // Every acknowledged completion replays; every acknowledged claim is still held.
+    // A completion whose outcome was unknown, retried as the contract says (same lease, same
+    // response), answers Ok whether or not the first call landed; from then on it replays.
+    let in_doubt = std::mem::take(&mut ledger.in_doubt);
+    for (name, lease) in &in_doubt {
+        store.complete(lease, Response::new(201, name.clone()))?;
+        ledger.completed.push(name.clone());
+    }
+    // A claim refused with nothing applied left its key free.
+    for name in &ledger.refused {
+        let claim = store.claim(&Key::new(name)?, fp(name))?;
+        assert!(
+            matches!(claim, Claim::Acquired(_)),
+            "{name}: its claim failed with nothing applied, yet the key answers {claim:?}"
+        );
+    }
+    // Every acknowledged completion replays; every acknowledged claim is still held (a
+    // completion that failed with nothing applied left it in progress).
     let completed: HashSet<&String> = ledger.completed.iter().collect();
     let mut lost: HashMap<&str, Vec<String>> = HashMap::new();
     for name in &ledger.claimed {
@@ -530,10 +565,13 @@ fn a_worker_restart_under_load_loses_no_acknowledged_write() -> idempotency_stor
         }
     }
     eprintln!(
-        "worker restart: {} claims and {} completions acknowledged, {} calls failed, lost: {:?}",
+        "worker restart: {} claims and {} completions acknowledged, {} calls failed ({} \
+         completions in doubt, {} claims refused with nothing applied), lost: {:?}",
         ledger.claimed.len(),
         ledger.completed.len(),
         ledger.errors,
+        in_doubt.len(),
+        ledger.refused.len(),
         lost
     );
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
