@@ -283,7 +283,9 @@ mod tests {
         for code in ["XX000", "08006", "08003", "57P01", "57014", "58030"] {
             assert!(!rolled_back(code), "{code}");
         }
-        for code in ["23505", "40001", "40P01", "42P01", "22001", "55P03", "25P02"] {
+        for code in [
+            "23505", "40001", "40P01", "42P01", "22001", "55P03", "25P02",
+        ] {
             assert!(rolled_back(code), "{code}");
         }
     }
