@@ -16,7 +16,11 @@
 //! reads its failover safety again on each new connection and periodically, must report the new
 //! primary as not failover-safe in that window (`metrics()` and `stats()`), and as safe again
 //! once it has a synchronous standby. A second store with `require_failover_safe(true)` has
-//! its claims refused (not applied) in that window, and served after it.
+//! its claims refused (not applied) in that window, and served after it. The store's "safe
+//! again" is awaited from the moment the server has its synchronous standby back (read by the
+//! test on its own connections), which after a leader's death may take Patroni a `pg_rewind` and
+//! a replication slot: if Patroni names none within two minutes the test fails with the
+//! members and their logs (`.ci/patroni-setup status`).
 //!
 //! It starts and deletes a cluster of its own, so it runs only where `.ci/run` says so:
 //! `IDEMPOTENCY_PG_PATRONI` names the set-up script. Skipped with a printed reason without it
@@ -25,8 +29,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idempotency_store::{Claim, IdempotencyStore, Key, pg::PgStore};
@@ -37,6 +41,9 @@ use crate::failover_load::{self, Load, builder, check, fingerprint};
 const WARM_UP: Duration = Duration::from_secs(3);
 /// The longest the test waits for writes to be served again.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+/// The longest the test waits, after that, for Patroni to name a synchronous standby on the new
+/// leader: one streaming from it, which after a leader's death may first need `pg_rewind`.
+const SERVER_SYNC_LIMIT: Duration = Duration::from_secs(120);
 /// The longest the test waits, after that, for the store to report the new primary safe.
 const SAFE_AGAIN_LIMIT: Duration = Duration::from_secs(30);
 /// The stores' check period here. Shorter than the default (2 s): through HAProxy the store
@@ -133,16 +140,15 @@ struct Strict {
     failed: usize,
 }
 
-/// Reads `store`'s report (and probes `strict` with claims) from `fault` until `stop`.
+/// Reads `store`'s report from `fault` until `stop`: `metrics()` every 100 ms, `stats()` (a
+/// check of its own) every fifth time.
 fn observe(
     store: Arc<PgStore>,
-    strict: PgStore,
     fault: Instant,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<Seen>, Strict)> {
+) -> std::thread::JoinHandle<Vec<Seen>> {
     std::thread::spawn(move || {
         let mut seen = Vec::new();
-        let mut probes = Strict::default();
         let mut round = 0u64;
         while !stop.load(Ordering::Relaxed) {
             round += 1;
@@ -154,56 +160,100 @@ fn observe(
                     detail: status.detail,
                 });
             }
-            if round.is_multiple_of(5) {
-                if let Ok(stats) = store.stats() {
-                    let status = stats
-                        .failover
-                        .expect("PgStore's stats report failover safety");
-                    seen.push(Seen {
-                        at: fault.elapsed(),
-                        source: "stats",
-                        safe: status.safe,
-                        detail: status.detail,
-                    });
-                }
-                let name = format!("strict-{}-{round}", fault.elapsed().as_nanos());
-                let key = Key::new(&name).unwrap();
-                match strict.claim(&key, fingerprint(&name)) {
-                    Ok(Claim::Acquired(_)) => probes.acquired.push(fault.elapsed()),
-                    Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
-                    Err(err) if err.to_string().contains("require_failover_safe") => {
-                        assert!(!err.outcome_unknown(), "a refusal does nothing: {err}");
-                        probes.refused.push(fault.elapsed());
-                    }
-                    Err(_) => probes.failed += 1,
-                }
+            if round.is_multiple_of(5)
+                && let Ok(stats) = store.stats()
+            {
+                let status = stats
+                    .failover
+                    .expect("PgStore's stats report failover safety");
+                seen.push(Seen {
+                    at: fault.elapsed(),
+                    source: "stats",
+                    safe: status.safe,
+                    detail: status.detail,
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        (seen, probes)
+        seen
     })
 }
 
+/// Claims a fresh key through `strict` every 20 ms from `fault` until `stop`, as a client
+/// would: the window can be shorter than a second through HAProxy, which reaches the new leader
+/// only once its `/primary` check passes, so the probes must be as frequent as the load's.
+fn probe(
+    strict: PgStore,
+    fault: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Strict> {
+    std::thread::spawn(move || {
+        let mut probes = Strict::default();
+        let mut round = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            round += 1;
+            let name = format!("strict-{}-{round}", fault.elapsed().as_nanos());
+            let key = Key::new(&name).unwrap();
+            match strict.claim(&key, fingerprint(&name)) {
+                Ok(Claim::Acquired(_)) => probes.acquired.push(fault.elapsed()),
+                Ok(other) => panic!("{name}: a fresh key answered {other:?}"),
+                Err(err) if err.to_string().contains("require_failover_safe") => {
+                    assert!(!err.outcome_unknown(), "a refusal does nothing: {err}");
+                    probes.refused.push(fault.elapsed());
+                }
+                Err(_) => probes.failed += 1,
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        probes
+    })
+}
+
+/// The writable node's `synchronous_standby_names` after the fault: when read, and whether empty.
+type Readings = Arc<Mutex<Vec<(Duration, bool)>>>;
+
 /// Polls the writable node's `synchronous_standby_names` (a new connection each time, by
-/// the multi-host URL) from `fault` until `stop`: the window as the server had it.
+/// the multi-host URL) from `fault` until `stop`, into `readings`: the window as the server had
+/// it.
 fn watch_server(
     url: String,
     fault: Instant,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<(Duration, bool)>> {
+    readings: Readings,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut readings = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             if let Ok(mut client) = postgres::Client::connect(&url, postgres::NoTls)
                 && let Ok(row) = client.query_one("SHOW synchronous_standby_names", &[])
             {
                 let names: String = row.get(0);
-                readings.push((fault.elapsed(), names.trim().is_empty()));
+                let reading = (fault.elapsed(), names.trim().is_empty());
+                readings.lock().unwrap().push(reading);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        readings
     })
+}
+
+/// Waits until the server has a synchronous standby again, read after `served`: the end of
+/// the window as Patroni makes it, which the store's report can follow only afterwards. False
+/// if that took longer than `limit`.
+fn await_server_safe(
+    readings: &Readings,
+    fault: Instant,
+    served: Instant,
+    limit: Duration,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    let since = served.duration_since(fault);
+    while Instant::now() < deadline {
+        let last = readings.lock().unwrap().last().copied();
+        if last.is_some_and(|(at, empty)| at > since && !empty) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 /// From the first reading where `unsafe_` holds to the first after it where it does not.
@@ -248,8 +298,10 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
     std::thread::sleep(WARM_UP);
     let stop = Arc::new(AtomicBool::new(false));
     let at = Instant::now();
-    let observer = observe(load.store.clone(), strict, at, stop.clone());
-    let server = watch_server(cluster.multi_host_url(), at, stop.clone());
+    let observer = observe(load.store.clone(), at, stop.clone());
+    let prober = probe(strict, at, stop.clone());
+    let readings = Readings::default();
+    let server = watch_server(cluster.multi_host_url(), at, stop.clone(), readings.clone());
     let killed = match fault {
         Fault::KillLeader => Some(cluster.run(&["kill-leader"])),
         Fault::Switchover => {
@@ -258,6 +310,13 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
         }
     };
     let served = load.await_write_after(at, RECOVERY_LIMIT);
+    let server_safe =
+        served.is_some_and(|served| await_server_safe(&readings, at, served, SERVER_SYNC_LIMIT));
+    let status = if server_safe {
+        String::new()
+    } else {
+        cluster.run(&["status"])
+    };
     // Until the store's own report (no I/O: what its calls checked) is safe again.
     let deadline = Instant::now() + SAFE_AGAIN_LIMIT;
     while served.is_some() && Instant::now() < deadline {
@@ -274,8 +333,10 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
     }
     std::thread::sleep(COOL_DOWN);
     stop.store(true, Ordering::Relaxed);
-    let (seen, probes) = observer.join().expect("observer");
-    let server = server.join().expect("server watch");
+    let seen = observer.join().expect("observer");
+    let probes = prober.join().expect("prober");
+    server.join().expect("server watch");
+    let server = std::mem::take(&mut *readings.lock().unwrap());
     let (ledger, mut figures) = load.finish(at);
     check(url, &ledger, &mut figures);
     eprintln!("patroni {run}: {figures:?}");
@@ -301,6 +362,11 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) {
     assert!(
         served.is_some(),
         "no write served within {RECOVERY_LIMIT:?}: {figures:?}"
+    );
+    assert!(
+        server_safe,
+        "Patroni named no synchronous standby within {SERVER_SYNC_LIMIT:?} of the first write \
+         on the new leader (the cluster's doing, not the store's):\n{status}"
     );
     assert!(figures.claims_acked > 1000, "{figures:?}");
     assert_eq!(figures.lost_claims, 0, "{figures:?}");
