@@ -170,10 +170,10 @@ impl Error {
     }
 
     /// Whether the failed call may nevertheless have taken effect: a storage failure after
-    /// the write was sent (the connection was lost before its answer, a sync failed), as
-    /// opposed to one known to have done nothing (no connection could be had, or PostgreSQL
-    /// answered the statement with an `ERROR` and rolled it back) and to every other error
-    /// (nothing was written).
+    /// the write was sent (the connection was lost before its answer, a sync failed, a Citus
+    /// coordinator lost the worker that was committing it), as opposed to one known to have
+    /// done nothing (no connection could be had, or PostgreSQL answered the statement with an
+    /// `ERROR` and rolled it back) and to every other error (nothing was written).
     ///
     /// After such an error, settle the outcome by retrying the same call: `complete`,
     /// `complete_with` or `release` with the same lease (a retry that finds its own completion
