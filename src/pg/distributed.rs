@@ -26,7 +26,7 @@
 
 use ::postgres::Client;
 
-use super::lock::{CLAIM_LOCK_CLASS, key_hash};
+use super::lock::{CLAIM_LOCK_CLASS, CLOCK, key_hash};
 use super::rows::{col, pg};
 use super::typed::Query;
 use crate::error::{Error, Result};
@@ -48,11 +48,7 @@ impl Sql {
     pub(super) fn new(schema: &str) -> Sql {
         let t = format!("\"{schema}\".idempotency_keys");
         Sql {
-            now: Query::new(
-                "SELECT COALESCE($1::bigint, \
-                 floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
-                    .to_owned(),
-            ),
+            now: Query::new(format!("SELECT COALESCE($1::bigint, {CLOCK})")),
             pick: Query::new(format!(
                 "SELECT x.scope, x.key FROM {t} AS x WHERE x.expires_at <= $1::bigint \
                  ORDER BY x.expires_at, octet_length(x.scope), x.scope COLLATE \"C\", \

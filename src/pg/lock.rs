@@ -38,19 +38,32 @@ macro_rules! lower_client_min_messages {
     };
 }
 
+/// [`CLOCK`], for `concat!`.
+macro_rules! clock {
+    () => {
+        "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    };
+}
+
+/// The first CTE of a statement, `c`, up to its `now` column: the injected clock's (`$1`) or
+/// the server's.
+macro_rules! now_cte {
+    () => {
+        concat!(
+            "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, ",
+            clock!(),
+            ") AS now"
+        )
+    };
+}
+
 /// The current time inside a statement: the injected clock's (`$1`) or the server's.
-pub(super) const NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
-                   floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now)";
+pub(super) const NOW: &str = concat!(now_cte!(), ")");
 
 /// [`NOW`] for a statement that writes: with the commit's durability ([`DURABLE`]), set in
 /// the same CTE so that it costs no round trip. (Reads go without: a read commits nothing, and
 /// the two calls would slow its round trip; BENCHMARKS.md, "Figures behind the defaults".)
-pub(super) const WRITE_NOW: &str = concat!(
-    "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
-     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, ",
-    durable!(),
-    ")"
-);
+pub(super) const WRITE_NOW: &str = concat!(now_cte!(), ", ", durable!(), ")");
 
 /// [`NOW`] for a sweep's statement: its commit does not wait for the log's flush
 /// (`synchronous_commit` off for its own transaction). What it deletes has expired, so a crash
@@ -59,9 +72,10 @@ pub(super) const WRITE_NOW: &str = concat!(
 /// deletion included, so a claim that took a swept key over never outlives the deletion it
 /// followed. Waiting for the flush made the sweep's commits and the claims' share one disk
 /// queue (BENCHMARKS.md, "Sweep, space, recovery").
-pub(super) const SWEEP_NOW: &str = "WITH c AS MATERIALIZED (SELECT COALESCE($1::bigint, \
-     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
-     set_config('synchronous_commit', 'off', true) AS lazy)";
+pub(super) const SWEEP_NOW: &str = concat!(
+    now_cte!(),
+    ", set_config('synchronous_commit', 'off', true) AS lazy)"
+);
 
 /// [`durable!`], for statements built at run time.
 pub(super) const DURABLE: &str = durable!();
@@ -74,7 +88,7 @@ pub(super) const DURABLE_CALLS: &str = concat!(
 );
 
 /// The server's clock in milliseconds, as every statement reads it.
-pub(super) const CLOCK: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+pub(super) const CLOCK: &str = clock!();
 
 /// The class of the advisory locks that serialise the claims of one key (the two-`int4` form,
 /// whose space is apart from single-`bigint` advisory locks): "idem" in ASCII.
@@ -114,7 +128,7 @@ pub(super) fn try_key_lock(schema: &str, scope: &str, key: &str) -> String {
 pub(super) fn after_lock(lock: &str) -> String {
     format!(
         "WITH w AS MATERIALIZED (SELECT {lock} AS n), c AS MATERIALIZED (SELECT \
-         COALESCE($1::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now, \
+         COALESCE($1::bigint, {CLOCK}) AS now, \
          {DURABLE} FROM w)"
     )
 }

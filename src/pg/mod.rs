@@ -210,8 +210,9 @@ const MAX_TIME_MS: u64 = 1 << 61;
 /// the session), so that a role's or session's `local` or `off` cannot weaken what it
 /// acknowledges, and a commit whose wait for a synchronous standby was cancelled (PostgreSQL
 /// then answers success with a WARNING) fails with an outcome-unknown [`Error::Storage`]. The
-/// sweep's statements on a single server set it to `off` instead: they delete only expired records, which a lost
-/// deletion leaves expired for the next sweep (docs/postgres.md, "Its own commits"). Whether
+/// sweep's statements on a single server set it to `off` instead: they delete only expired
+/// records, which a lost deletion leaves expired for the next sweep (docs/postgres.md, "Its
+/// own commits"). Whether
 /// the server's commits survive its failover at all is [`FailoverSafety`], read at connect and
 /// checked again while the store runs (see [`PgStoreBuilder::failover_check_period`]).
 ///

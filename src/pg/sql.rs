@@ -194,9 +194,7 @@ impl Sql {
             )),
             verify_fetch: Query::new(format!("FETCH {VERIFY_BATCH} FROM {VERIFY_CURSOR}")),
             sequence: Query::new(format!("SELECT last_value, is_called FROM {seq}")),
-            now: Query::new(
-                "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint".to_owned(),
-            ),
+            now: Query::new(format!("SELECT {CLOCK}")),
             quota: quota.then(|| quota::Sql::new(schema)),
             distributed: distributed.then(|| distributed::Sql::new(schema)),
         }
