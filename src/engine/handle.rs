@@ -25,6 +25,7 @@ use crate::engine::meta::{Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
 use crate::engine::poison::Poison;
+use crate::engine::redo;
 use crate::engine::scan::Pace;
 use crate::engine::snapshot::Snapshots;
 use crate::engine::stats::EngineStats;
@@ -117,7 +118,7 @@ impl Engine {
             let applied = check_tables(&txn)?;
             let (log, entries) = wal::recover(log_file, applied)?;
             crate::api::trace::recovered(entries.len());
-            let kept = wal::redo(&txn, entries, &config.effects, config.unregistered)?;
+            let kept = redo::redo(&txn, entries, &config.effects, config.unregistered)?;
             let mut meta = txn.open_table(META)?;
             meta.insert(META_LOG_SEQ, log.last_seq())?;
             meta.insert(META_FORMAT, if kept { KEPT_FORMAT } else { STORE_FORMAT })?;

@@ -24,6 +24,7 @@ pub(crate) mod open;
 pub(crate) mod ops;
 pub(crate) mod overlay;
 pub(crate) mod poison;
+pub(crate) mod redo;
 pub(crate) mod scan;
 pub(crate) mod snapshot;
 pub(crate) mod stats;

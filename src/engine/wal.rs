@@ -15,21 +15,16 @@
 //! after it start at the beginning of one half and may go on at the beginning of the other.
 //! Opening replays them: it reads while each entry checks out and carries the next sequence
 //! number, and stops at the first that does not (a torn last write, zeros, or an older entry
-//! left over from before a merge). Redo is physical, so replaying an entry twice changes
-//! nothing.
+//! left over from before a merge), and `redo` applies them.
 
-use redb::WriteTransaction;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::effects::Registry;
-use crate::engine::kept::{self, Unregistered};
 use crate::engine::layout::{Region, Storage};
 use crate::engine::log_handle::LogHandle;
-use crate::engine::meta::{Counter, META};
+use crate::engine::meta::Counter;
 #[cfg(test)]
 use crate::engine::poison::Io;
 use crate::engine::poison::Poison;
-use crate::engine::tables::{self, EXPIRY, RecordsMut};
 use crate::error::{Error, Result};
 
 const ENTRY_HEADER: u64 = 20;
@@ -445,39 +440,6 @@ impl Log {
         self.pos += entry.len() as u64;
         Ok(Some(entry.split_off(ENTRY_HEADER as usize)))
     }
-}
-
-/// Applies logged changes in `txn`, in order, after the effect rows earlier opens kept. Rows
-/// of effect tables not in `registry` are handled as `unregistered` says (see `kept`).
-/// Returns whether effect rows wait in the `kept` table afterwards.
-pub(crate) fn redo(
-    txn: &WriteTransaction,
-    entries: Vec<Vec<Change>>,
-    registry: &Registry,
-    unregistered: Unregistered,
-) -> Result<bool> {
-    let mut effects = kept::Redo::start(txn, registry, unregistered)?;
-    let mut records = RecordsMut::open(txn)?;
-    let mut expiry = txn.open_table(EXPIRY)?;
-    let mut meta = txn.open_table(META)?;
-    for change in entries.into_iter().flatten() {
-        match change {
-            Change::Put { key, record } => drop(records.put(&key, &record)?),
-            Change::Delete { key } => drop(records.remove(&key)?),
-            Change::Index { expires_at, key } => tables::index(&mut expiry, expires_at, &key)?,
-            Change::Unindex { expires_at, key } => {
-                tables::unindex(&mut expiry, &records, expires_at, &key)?;
-            }
-            Change::DropEntry { expires_at, hash } => drop(expiry.remove((expires_at, hash))?),
-            Change::Counter { counter, value } => drop(meta.insert(counter.name(), value)?),
-            // Without its table's types a row cannot be redone; the store's own tables never
-            // depend on it.
-            Change::Effect { table, key, value } => {
-                effects.row(&table, &key, value.as_deref())?;
-            }
-        }
-    }
-    effects.finish()
 }
 
 /// Writes `data` as log entries into the log of a new store on `storage` (one whose next entry
