@@ -16,6 +16,15 @@ pub(crate) const OVERLAY_RECORDS: usize = 1024;
 /// the record limit decides for them and this one only for large responses.
 pub(crate) const OVERLAY_BYTES: usize = 4 << 20;
 
+/// How many expired records sweeps may delete without a log entry (see
+/// `Tables::delete_expired`) between two merges, per MiB of log. Such deletions fill no log,
+/// so without a bound a store that only sweeps would never merge: redb reuses the pages that
+/// commits without a sync free from its last durable state only after a durable commit, and
+/// its file would grow by every page the sweep's flushes copied. Each merge syncs what the
+/// flushes since the last wrote, while claims' log writes queue behind it, so the bound is
+/// many generations: sweeps merge far less often than their deletions once filled the log.
+pub(crate) const UNLOGGED_DELETIONS: usize = 64 * OVERLAY_RECORDS;
+
 /// The most MiB of log that scale a generation: past 16, a log only merges less often.
 pub(crate) const GENERATION_SCALE: u64 = 16;
 
@@ -31,6 +40,8 @@ pub(crate) struct Generation {
     /// The active generation's size at which it is handed to the flush thread.
     pub(crate) records: usize,
     pub(crate) bytes: usize,
+    /// The unlogged deletions after which a batch merges (see [`UNLOGGED_DELETIONS`]).
+    pub(crate) unlogged: usize,
 }
 
 impl Generation {
@@ -39,6 +50,7 @@ impl Generation {
         Generation {
             records: scale * OVERLAY_RECORDS,
             bytes: scale * OVERLAY_BYTES,
+            unlogged: scale * UNLOGGED_DELETIONS,
         }
     }
 
@@ -53,6 +65,8 @@ impl Generation {
         Generation {
             records: GENERATION_SCALE as usize * OVERLAY_RECORDS,
             bytes: 4 * OVERLAY_BYTES,
+            // Nothing is logged in memory, so nothing counts as unlogged.
+            unlogged: usize::MAX,
         }
     }
 

@@ -66,6 +66,9 @@ struct Writer {
     log: Log,
     /// The meta table's counters as of the last commit (see `Counters`).
     counters: Counters,
+    /// Expired records deleted without a log entry since the last merge was handed over (see
+    /// `Tables::delete_expired`): at `Generation::unlogged` a batch merges.
+    unlogged: usize,
     /// An empty overlay for the next layered batch's changes, kept with its capacity (see
     /// `Overlay::clear`): a fresh one for each batch cost about ten allocations and their
     /// frees, which contend for glibc's arena locks across the runtime's threads.
@@ -125,6 +128,7 @@ impl Engine {
             Writer {
                 log,
                 counters: Counters::load(&meta)?,
+                unlogged: 0,
                 batch: Overlay::default(),
                 #[cfg(test)]
                 panic_after_log: None,
@@ -383,6 +387,7 @@ impl Engine {
         let mut tables = Tables::direct(&txn, &self.config.effects, quota)?;
         let counters = self.with_tables(&mut tables, writer.counters, body)?;
         let changes = std::mem::take(&mut tables.changes);
+        writer.unlogged = writer.unlogged.saturating_add(tables.expired_unlogged);
         drop(tables);
         self.commit(txn, writer, &changes, counters)
     }
@@ -411,8 +416,9 @@ impl Engine {
                 .try_for_each(|w| w.apply_layered(tables, ctx))
         })?;
         let changes = std::mem::take(&mut tables.changes);
+        let unlogged = tables.expired_unlogged;
         let mut batch = tables.into_batch();
-        if !changes.is_empty() {
+        if !changes.is_empty() || unlogged > 0 {
             self.switch_early(writer);
         }
         if changes.is_empty()
@@ -428,6 +434,7 @@ impl Engine {
             batch.clear();
             writer.batch = batch;
             writer.counters = counters;
+            writer.unlogged = writer.unlogged.saturating_add(unlogged);
             return self.hand_over(writer);
         }
         self.flush_overlay(writer)?;
@@ -472,9 +479,11 @@ impl Engine {
 
     /// Switches the log's halves before the half is full (see [`SWITCH_EARLY`]), if the flush
     /// thread is idle: at a full half the switch must wait for whatever the thread is writing.
+    /// Also when sweeps have deleted enough records without a log entry since the last merge
+    /// (see `Generation::unlogged`), which fill no half.
     fn switch_early(&self, writer: &mut Writer) {
-        if writer.log.filled(SWITCH_EARLY) && self.flusher.idle() && self.overlay.frozen_is_empty()
-        {
+        let due = writer.log.filled(SWITCH_EARLY) || writer.unlogged >= self.generation.unlogged;
+        if due && self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.switch_log(writer);
         }
     }
@@ -496,6 +505,7 @@ impl Engine {
             counters: self.with_high_water(writer.counters),
             quick_repair: self.config.quick_repair,
         });
+        writer.unlogged = 0;
         true
     }
 
@@ -534,7 +544,8 @@ impl Engine {
     }
 
     /// Makes a batch durable: through the log and a commit without a sync, or, if the log
-    /// cannot take the batch (full, or a write failed), as a merge. The batch's `counters`
+    /// cannot take the batch (full, or a write failed) or sweeps' deletions without a log
+    /// entry are due a merge (see `Generation::unlogged`), as a merge. The batch's `counters`
     /// become the engine's once it is durable. The overlay must be empty.
     fn commit(
         &self,
@@ -543,7 +554,8 @@ impl Engine {
         changes: &[Change],
         counters: Counters,
     ) -> Result<()> {
-        if !changes.is_empty() && !writer.log.append(changes, true)? {
+        let merge_due = writer.unlogged >= self.generation.unlogged;
+        if merge_due || (!changes.is_empty() && !writer.log.append(changes, true)?) {
             return self.commit_durably(txn, writer, counters);
         }
         if !changes.is_empty() {
@@ -591,6 +603,7 @@ impl Engine {
                 self.stats.merged(started);
                 writer.log.merged();
                 writer.counters = counters;
+                writer.unlogged = 0;
                 Ok(())
             }
             Err(err) => {

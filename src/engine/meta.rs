@@ -73,8 +73,11 @@ impl Usage {
 }
 
 /// The counters of the meta table. They live in memory between merges: a batch logs the
-/// ones it changes (`Change::Counter`) and only a merge writes them to the table, so
-/// that most commits leave the meta table out (a tree fewer to rewrite per commit).
+/// token counter and the clock when it changes them (`Change::Counter`) and only a merge
+/// writes them to the table, so that most commits leave the meta table out (a tree fewer to
+/// rewrite per commit). The usage counters are not logged: a sweep deletes expired records
+/// without a trace in the log, so a logged count could not match the records a replay leaves;
+/// the replay counts what it writes instead (see `redo`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counters {
     pub next_token: u64,
@@ -125,11 +128,13 @@ impl Counters {
         Ok(())
     }
 
-    /// The counters that differ from `before`, with their new values, for the log.
+    /// The logged counters (the token counter and the clock) that differ from `before`, with
+    /// their new values, for the log.
     pub(crate) fn changed_since(&self, before: &Counters) -> impl Iterator<Item = (Counter, u64)> {
         self.values()
             .into_iter()
             .zip(before.values())
+            .filter(|((counter, _), _)| matches!(counter, Counter::NextToken | Counter::Clock))
             .filter(|(now, then)| now != then)
             .map(|(now, _)| now)
     }

@@ -85,7 +85,7 @@ impl Write for DeleteExpired {
             let expired = Record::decode(&found.key, &bytes)
                 .is_ok_and(|r| r.expires_at == found.expires_at && r.is_expired(ctx.now));
             if expired {
-                tables.delete(&found.key, found.expires_at)?;
+                tables.delete_expired(&found.key, found.expires_at)?;
                 deleted += 1;
             }
         }

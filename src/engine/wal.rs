@@ -2,12 +2,13 @@
 //!
 //! A durable redb commit rewrites about ten scattered 4 KiB pages and syncs them (see
 //! BENCHMARKS.md, "Machine"). Instead, a batch's changes (the record bytes and index entries it
-//! wrote, and the counters it left) go to the log region as one entry, the entry is made durable,
-//! and only then do the changes become visible (in the overlay, or in a redb commit without a
-//! sync): readers see a batch only once it is durable. The log is used as two halves: when the one
-//! being written is full, everything logged so far is committed durably to redb (a merge, on the
-//! flush thread), which also persists every earlier non-durable commit, while entries go on at the
-//! start of the other half.
+//! wrote, and the token counter and clock it moved) go to the log region as one entry, the
+//! entry is made durable, and only then do the changes become visible (in the overlay, or in a
+//! redb commit without a sync): readers see a batch only once it is durable. A sweep's
+//! deletions of expired records are the one change left out (`Tables::delete_expired`). The
+//! log is used as two halves: when the one being written is full, everything logged so far is
+//! committed durably to redb (a merge, on the flush thread), which also persists every earlier
+//! non-durable commit, while entries go on at the start of the other half.
 //!
 //! Entries: `[payload length u32][sequence u64][checksum 8 B][payload]`, little-endian, the
 //! checksum (blake3, truncated) covering the first 12 bytes and the payload. The metadata
@@ -70,15 +71,11 @@ pub(crate) enum Change {
         #[serde(with = "crate::engine::bytes")]
         key: Vec<u8>,
     },
-    Counter {
-        counter: Counter,
-        value: u64,
-    },
+    /// The token counter's or the clock's new value (earlier releases also logged the usage
+    /// counters, which redo now counts itself).
+    Counter { counter: Counter, value: u64 },
     /// A stale expiry-index entry, which has no key to name it by (see `tables`).
-    DropEntry {
-        expires_at: u64,
-        hash: u64,
-    },
+    DropEntry { expires_at: u64, hash: u64 },
     /// A row of a caller's effect table (see `effects`), named by the table's name: the
     /// order in which tables are registered may differ at the next open.
     Effect {

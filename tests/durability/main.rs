@@ -25,3 +25,4 @@ mod poison;
 mod power_loss;
 mod power_loss_syscalls;
 mod sweep_crash;
+mod unlogged_sweep;
