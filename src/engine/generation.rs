@@ -76,6 +76,29 @@ impl Generation {
     }
 }
 
+/// Expired records deleted without a log entry since the last merge (see
+/// `Tables::delete_expired`), and how many make a merge due ([`Generation::unlogged`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unlogged {
+    pub(crate) count: usize,
+    pub(crate) bound: usize,
+}
+
+impl Unlogged {
+    pub(crate) fn add(&mut self, deleted: usize) {
+        self.count = self.count.saturating_add(deleted);
+    }
+
+    pub(crate) fn due(&self) -> bool {
+        self.count >= self.bound
+    }
+
+    /// A merge was handed over or committed: it covers every deletion so far.
+    pub(crate) fn merged(&mut self) {
+        self.count = 0;
+    }
+}
+
 /// How many generations the active one may grow to while the flush thread is still busy with
 /// the last, before a batch writes the overlay itself.
 pub(crate) const OVERLAY_LIMIT: usize = 4;

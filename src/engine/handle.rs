@@ -20,7 +20,7 @@ use crate::engine::contain::{contain, contain_then};
 use crate::engine::effects::{EffectScope, Registry, not_in_effect};
 use crate::engine::flush::{Flusher, Task};
 use crate::engine::format::check_tables;
-use crate::engine::generation::{Generation, OVERLAY_LIMIT};
+use crate::engine::generation::{Generation, OVERLAY_LIMIT, Unlogged};
 use crate::engine::meta::{Counters, KEPT_FORMAT, META, META_FORMAT, META_LOG_SEQ, STORE_FORMAT};
 use crate::engine::ops::{Complete, Write};
 use crate::engine::overlay::{self, Overlay, Shared};
@@ -66,9 +66,8 @@ struct Writer {
     log: Log,
     /// The meta table's counters as of the last commit (see `Counters`).
     counters: Counters,
-    /// Expired records deleted without a log entry since the last merge was handed over (see
-    /// `Tables::delete_expired`): at `Generation::unlogged` a batch merges.
-    unlogged: usize,
+    /// Expired records deleted without a log entry since the last merge was handed over.
+    unlogged: Unlogged,
     /// An empty overlay for the next layered batch's changes, kept with its capacity (see
     /// `Overlay::clear`): a fresh one for each batch cost about ten allocations and their
     /// frees, which contend for glibc's arena locks across the runtime's threads.
@@ -128,7 +127,10 @@ impl Engine {
             Writer {
                 log,
                 counters: Counters::load(&meta)?,
-                unlogged: 0,
+                unlogged: Unlogged {
+                    count: 0,
+                    bound: generation.unlogged,
+                },
                 batch: Overlay::default(),
                 #[cfg(test)]
                 panic_after_log: None,
@@ -387,7 +389,7 @@ impl Engine {
         let mut tables = Tables::direct(&txn, &self.config.effects, quota)?;
         let counters = self.with_tables(&mut tables, writer.counters, body)?;
         let changes = std::mem::take(&mut tables.changes);
-        writer.unlogged = writer.unlogged.saturating_add(tables.expired_unlogged);
+        writer.unlogged.add(tables.expired_unlogged);
         drop(tables);
         self.commit(txn, writer, &changes, counters)
     }
@@ -434,7 +436,7 @@ impl Engine {
             batch.clear();
             writer.batch = batch;
             writer.counters = counters;
-            writer.unlogged = writer.unlogged.saturating_add(unlogged);
+            writer.unlogged.add(unlogged);
             return self.hand_over(writer);
         }
         self.flush_overlay(writer)?;
@@ -482,7 +484,7 @@ impl Engine {
     /// Also when sweeps have deleted enough records without a log entry since the last merge
     /// (see `Generation::unlogged`), which fill no half.
     fn switch_early(&self, writer: &mut Writer) {
-        let due = writer.log.filled(SWITCH_EARLY) || writer.unlogged >= self.generation.unlogged;
+        let due = writer.log.filled(SWITCH_EARLY) || writer.unlogged.due();
         if due && self.flusher.idle() && self.overlay.frozen_is_empty() {
             self.switch_log(writer);
         }
@@ -505,7 +507,7 @@ impl Engine {
             counters: self.with_high_water(writer.counters),
             quick_repair: self.config.quick_repair,
         });
-        writer.unlogged = 0;
+        writer.unlogged.merged();
         true
     }
 
@@ -554,8 +556,7 @@ impl Engine {
         changes: &[Change],
         counters: Counters,
     ) -> Result<()> {
-        let merge_due = writer.unlogged >= self.generation.unlogged;
-        if merge_due || (!changes.is_empty() && !writer.log.append(changes, true)?) {
+        if writer.unlogged.due() || (!changes.is_empty() && !writer.log.append(changes, true)?) {
             return self.commit_durably(txn, writer, counters);
         }
         if !changes.is_empty() {
@@ -603,7 +604,7 @@ impl Engine {
                 self.stats.merged(started);
                 writer.log.merged();
                 writer.counters = counters;
-                writer.unlogged = 0;
+                writer.unlogged.merged();
                 Ok(())
             }
             Err(err) => {
@@ -773,6 +774,11 @@ impl Engine {
     /// writes, once its entry is written (see `Writer::logged`).
     pub(crate) fn set_panic_after_log(&self, log_writes: Option<u64>) {
         self.writer.lock().panic_after_log = log_writes;
+    }
+
+    /// Sets how many deletions without a log entry make a merge due (see `Unlogged`).
+    pub(crate) fn set_unlogged_bound(&self, bound: usize) {
+        self.writer.lock().unlogged.bound = bound;
     }
 
     /// The successful log writes left before the armed panic, if it has not fired.
