@@ -272,6 +272,8 @@ pub trait IdempotencyStore: sealed::Sealed + Send + Sync {
     /// deleted. Records that expire in the same millisecond go in an order of the backend's
     /// (by key hash in [`Store`](crate::Store), by key in `PgStore`); as an expired record is
     /// treated as absent by every call, the order shows only in record counts between sweeps.
+    /// The deletions need not be durable when this returns: a crash may bring some back,
+    /// still expired (they never replay), for the next sweep.
     ///
     /// # Errors
     /// [`Error::Storage`] if the deletion fails. Both backends may delete in several steps
