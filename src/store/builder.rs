@@ -159,11 +159,11 @@ impl StoreBuilder {
     /// records written into the database between them (1024 per MiB of log, up to 16 MiB): more
     /// throughput with many threads, for a larger file and more memory (redb reuses the pages freed
     /// since the last merge only after the next one); BENCHMARKS.md, "Figures behind the defaults",
-    /// has what 8 and 16 MiB bought and cost against the default 1 MiB with 10^6 records written by
-    /// 64 threads. A smaller log means a smaller file, a shorter replay after a crash and less
+    /// has what 4, 8 and 16 MiB bought and cost against 1 MiB with 10^6 records written by 64
+    /// threads, and why the default is 4 MiB (claim latency while a mass expiry is swept). A smaller log means a smaller file, a shorter replay after a crash and less
     /// memory. A batch bigger than the log simply merges. An existing file keeps the size it was
     /// created with. A store from [`open_in_memory`](StoreBuilder::open_in_memory) has no log, and
-    /// its groups are always 16,384 records. Defaults to 1 MiB.
+    /// its groups are always 16,384 records. Defaults to 4 MiB.
     pub fn log_size(&mut self, bytes: u64) -> &mut Self {
         self.log_size = bytes;
         self

@@ -283,7 +283,7 @@ fn redb_counts_the_overlay_until_it_is_flushed() {
 }
 
 /// A larger log takes larger overlay generations (1024 records per MiB of log, up to 16):
-/// 3000 claims all stay in the overlay of a store with a 4 MiB log, while the default 1 MiB
+/// 3000 claims all stay in the overlay of a store with a 4 MiB log (the default), while a 1 MiB
 /// log hands generations of 1024 to the flush thread (and its 512 KiB halves fill).
 #[test]
 fn redb_overlay_generations_grow_with_the_log() {
@@ -298,8 +298,8 @@ fn redb_overlay_generations_grow_with_the_log() {
         }
         store.metrics().engine.expect("engine").overlay_records
     };
-    let default = overlay_after_claims(1 << 20);
-    assert!(default < 2500, "1 MiB: {default} records in the overlay");
+    let one_mib = overlay_after_claims(1 << 20);
+    assert!(one_mib < 2500, "1 MiB: {one_mib} records in the overlay");
     assert_eq!(overlay_after_claims(4 << 20), 3000, "4 MiB");
 }
 
