@@ -51,7 +51,7 @@ fn join<T>(handle: thread::ScopedJoinHandle<'_, T>) -> T {
 /// taken (`engine::snapshot`). A read that checked the overlay just after such a drop, with a
 /// snapshot from before the flush, would find the key in neither: this test looks up keys the
 /// moment they are completed, while 4 writers push records through the overlay (about 30
-/// generations, and as many merges of the log: 32,000 records through the default 1 MiB log
+/// generations, and as many merges of the log: 32,000 records through a 1 MiB log
 /// with `IDEMPOTENCY_TEST_SCALE=full`, as CI runs it; 8,000 through a 256 KiB one under
 /// `cargo test`) and 4 readers keep looking up the newest acknowledged keys.
 #[test]
