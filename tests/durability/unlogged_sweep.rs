@@ -49,24 +49,26 @@ fn body_of(store: &Store, name: &str) -> Result<Option<Vec<u8>>> {
     )
 }
 
-/// A store holding `RECORDS` completed `old-` records, merged into redb, all expired at the
-/// clock's time: the store is reopened after a clean close, with the clock moved on.
-fn expired_store(disk: &SimDisk, clock: &ManualClock) -> Result<Store> {
-    let store = open(disk.clone(), clock)?;
+/// A store that held `RECORDS` completed `old-` records, merged into redb, and has swept them
+/// all without a log entry: written, closed, reopened with the clock past their expiry, and
+/// swept. Also its clock and disk, for the cut that follows.
+fn swept_store() -> Result<(ManualClock, SimDisk, Store)> {
+    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+    let disk = SimDisk::default();
+    let store = open(disk.clone(), &clock)?;
     for i in 0..RECORDS {
         store_new(&store, &format!("old-{i}"), "old")?;
     }
     store.close()?;
     clock.advance(RETENTION + Duration::from_secs(1));
-    open(disk.clone(), clock)
+    let store = open(disk.clone(), &clock)?;
+    assert_eq!(store.sweep_all()?, RECORDS);
+    Ok((clock, disk, store))
 }
 
 #[test]
 fn records_swept_without_a_log_entry_come_back_expired_and_are_swept_again() -> Result<()> {
-    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
-    let disk = SimDisk::default();
-    let store = expired_store(&disk, &clock)?;
-    assert_eq!(store.sweep_all()?, RECORDS);
+    let (clock, disk, store) = swept_store()?;
     // After the sweep: an old key claimed again, and a new one, both acknowledged.
     store_new(&store, "old-0", "again")?;
     store_new(&store, "new", "new")?;
@@ -105,10 +107,7 @@ fn records_swept_without_a_log_entry_come_back_expired_and_are_swept_again() -> 
 /// replay must end with the new record or none, never the old one.
 #[test]
 fn claims_and_releases_over_records_swept_without_a_log_entry_replay_cleanly() -> Result<()> {
-    let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
-    let disk = SimDisk::default();
-    let store = expired_store(&disk, &clock)?;
-    assert_eq!(store.sweep_all()?, RECORDS);
+    let (clock, disk, store) = swept_store()?;
     let (mut kept, mut claimed) = (Vec::new(), 0);
     for i in (0..RECORDS).step_by(3) {
         claimed += 1;
