@@ -52,7 +52,7 @@ impl BoundSlot {
 }
 
 /// The log's length: the store's default `log_size`.
-pub(crate) const BOUND_LOG: u64 = 1 << 20;
+pub(crate) const BOUND_LOG: u64 = 4 << 20;
 
 impl LogBound {
     pub(crate) fn create(dir: &Path) -> Res<Self> {
