@@ -1,7 +1,7 @@
 //! Writing changes into redb's tables: a generation's or a batch's records, expiry entries
 //! and effect rows, the records in the order in which sweeps delete them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use redb::WriteTransaction;
 
@@ -37,21 +37,51 @@ pub(crate) fn write(
         .collect();
     filed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let mut records = RecordsMut::open(txn)?;
-    for &((_, hash), key, record) in &filed {
-        match record {
-            Some(bytes) => drop(records.put_hashed(hash, key, bytes)?),
-            None => drop(records.remove(key)?),
-        }
-    }
+    let unfiled = write_records(&mut records, &filed)?;
     let mut expiry = txn.open_table(EXPIRY)?;
     for &(expires_at, key, present) in &changes.index {
         if present {
             tables::index(&mut expiry, expires_at, key)?;
+        } else if unfiled.contains(&tables::key_hash(key)) {
+            expiry.remove((expires_at, tables::key_hash(key)))?;
         } else {
             tables::unindex(&mut expiry, &records, expires_at, key)?;
         }
     }
     write_effects(txn, &mut changes.effects, registry)
+}
+
+/// A record change in the order `write` files it: its expiry entry, its key and its bytes.
+type Filed<'a> = ((u64, u64), &'a [u8], Option<&'a [u8]>);
+
+/// Files `filed` in `records`. Deleted records go last, in the order of their numbers: a
+/// sweep's deletions are filed in the order of their key hashes, which scatters them over
+/// the records table, and a merge that deletes them in that order reads and copies its
+/// pages many times over. Returns the hashes under which no key has a record left: a
+/// deletion's expiry entry under one goes without a look for other keys under it.
+fn write_records(records: &mut RecordsMut<'_>, filed: &[Filed<'_>]) -> Result<HashSet<u64>> {
+    let (mut numbers, mut unfiled) = (Vec::new(), HashSet::new());
+    for &((_, hash), key, record) in filed {
+        match record {
+            Some(bytes) => {
+                unfiled.remove(&hash);
+                records.put_hashed(hash, key, bytes)?;
+            }
+            None => {
+                if let Some((number, alone)) = records.unfile(hash, key)? {
+                    numbers.push(number);
+                    if alone {
+                        unfiled.insert(hash);
+                    } else {
+                        unfiled.remove(&hash);
+                    }
+                }
+            }
+        }
+    }
+    numbers.sort_unstable();
+    records.remove_numbers(&numbers)?;
+    Ok(unfiled)
 }
 
 /// Writes effect rows, grouped by table (a row's overlay key starts with its table's position).
@@ -108,6 +138,75 @@ mod tests {
             })
             .collect::<Result<_>>()?;
         assert_eq!(order, [&b"\0a"[..], b"\0c", b"\0b", b"\0d"]);
+        Ok(())
+    }
+
+    /// `\0a` and `\0b` filed under one hash, as a collision would file them.
+    fn collided(txn: &WriteTransaction) -> Result<u64> {
+        let hash = tables::key_hash(b"\0a");
+        let mut records = RecordsMut::open(txn)?;
+        records.put_hashed(hash, b"\0a", b"1")?;
+        records.put_hashed(hash, b"\0b", b"2")?;
+        txn.open_table(EXPIRY)?.insert((7, hash), ())?;
+        Ok(hash)
+    }
+
+    #[test]
+    fn a_deleted_keys_expiry_entry_stays_while_another_key_has_its_hash() -> Result<()> {
+        use redb::{ReadableTable, ReadableTableMetadata};
+        let db = crate::engine::snapshot::tests::db();
+        let txn = db.begin_write()?;
+        let hash = collided(&txn)?;
+        let mut batch = Overlay::default();
+        batch.set_record(b"\0a", None);
+        batch.set_index(7, b"\0a", false);
+        write(&txn, &mut batch.changes(), &Registry::default())?;
+        assert!(
+            txn.open_table(EXPIRY)?.get((7, hash))?.is_some(),
+            "b has it"
+        );
+        let records = RecordsMut::open(&txn)?;
+        assert_eq!(
+            records.under_hash(hash)?,
+            [(b"\0b".to_vec(), b"2".to_vec())]
+        );
+        assert_eq!(records.records().len()?, 1);
+        drop(records);
+        // Alone under its hash, a deleted key's entry goes.
+        let mut batch = Overlay::default();
+        batch.set_record(b"\0c", Some(b"3"));
+        batch.set_index(9, b"\0c", true);
+        write(&txn, &mut batch.changes(), &Registry::default())?;
+        let mut batch = Overlay::default();
+        batch.set_record(b"\0c", None);
+        batch.set_index(9, b"\0c", false);
+        write(&txn, &mut batch.changes(), &Registry::default())?;
+        let expiry = txn.open_table(EXPIRY)?;
+        assert_eq!(expiry.len()?, 1);
+        assert!(expiry.get((7, hash))?.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn a_hash_is_left_without_records_only_if_its_last_change_deleted_its_last_key() -> Result<()> {
+        let db = crate::engine::snapshot::tests::db();
+        let txn = db.begin_write()?;
+        let hash = collided(&txn)?;
+        let at = (u64::MAX, hash);
+        let (a, b, c) = (&b"\0a"[..], &b"\0b"[..], &b"\0c"[..]);
+        let mut records = RecordsMut::open(&txn)?;
+        let unfiled = write_records(&mut records, &[(at, a, None)])?;
+        assert!(!unfiled.contains(&hash), "b is left under it");
+        let unfiled = write_records(&mut records, &[(at, b, None), (at, c, Some(b"3"))])?;
+        assert!(
+            !unfiled.contains(&hash),
+            "c was filed under it after b went"
+        );
+        let unfiled = write_records(&mut records, &[(at, a, Some(b"1")), (at, c, None)])?;
+        assert!(!unfiled.contains(&hash), "a is back under it");
+        let unfiled = write_records(&mut records, &[(at, a, None)])?;
+        assert!(unfiled.contains(&hash));
+        assert!(records.under_hash(hash)?.is_empty());
         Ok(())
     }
 }

@@ -253,6 +253,40 @@ impl RecordsMut<'_> {
         Ok(Some(len))
     }
 
+    /// Takes `stored`'s entry out of the key index and leaves its record for
+    /// [`remove_numbers`](Self::remove_numbers), so that a merge can delete records in the
+    /// order of their numbers. Returns the record's number, and whether the key was the only
+    /// one with an entry under `hash`.
+    pub(crate) fn unfile(
+        &mut self,
+        hash: u64,
+        stored: &[u8],
+    ) -> Result<Option<(u64, bool)>, StorageError> {
+        let (mut mine, mut others) = (None, false);
+        for number in self.keys.range((hash, 0)..=(hash, u64::MAX))? {
+            let number = number?.0.value().1;
+            match self.records.get(number)? {
+                Some(entry) if mine.is_none() && split(number, entry.value())?.0 == stored => {
+                    mine = Some(number);
+                }
+                _ => others = true,
+            }
+        }
+        let Some(number) = mine else {
+            return Ok(None);
+        };
+        self.keys.remove((hash, number))?;
+        Ok(Some((number, !others)))
+    }
+
+    /// Deletes the records [`unfile`](Self::unfile) left, `numbers` in ascending order.
+    pub(crate) fn remove_numbers(&mut self, numbers: &[u64]) -> Result<(), StorageError> {
+        for &number in numbers {
+            self.records.remove(number)?;
+        }
+        Ok(())
+    }
+
     fn next_number(&mut self) -> Result<u64, StorageError> {
         let next = match self.next {
             Some(next) => Some(next),
