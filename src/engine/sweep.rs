@@ -43,6 +43,13 @@ const PATIENCE: Duration = Duration::from_millis(1);
 const PACE: Duration = Duration::from_millis(1);
 const PACE_LIMIT: Duration = Duration::from_secs(1);
 
+/// How long a scan runs before it offers its CPU to any thread waiting for one (`yield_now`).
+/// A claim whose log write completed was often woken onto the CPU a scan ran on, and Linux's
+/// scheduler let the scan run on: the claim waited out the rest of it, up to a millisecond,
+/// with the other CPU idle. That wait was most of the tail of claim latency during a sweep
+/// (BENCHMARKS.md, "Sweep, space, recovery").
+const SCAN_SLICE: Duration = Duration::from_micros(50);
+
 /// An expired record a scan found: its stored key, its expiry and its bytes in redb.
 struct Found {
     key: Vec<u8>,
@@ -200,7 +207,12 @@ fn scan(snapshot: &Snapshot, from: Cursor, now: Timestamp, limit: usize) -> Resu
     if from >= end {
         return Ok(Scan::Nothing);
     }
+    let mut slice = Instant::now();
     for entry in expiry.range(from..end)? {
+        if slice.elapsed() >= SCAN_SLICE {
+            std::thread::yield_now();
+            slice = Instant::now();
+        }
         let (expires_at, hash) = entry?.0.value();
         let (mut owners, mut damaged) = (Vec::new(), false);
         for (key, bytes) in snapshot.records.under_hash(hash)? {
