@@ -42,8 +42,11 @@ pub(crate) fn write(
     for &(expires_at, key, present) in &changes.index {
         if present {
             tables::index(&mut expiry, expires_at, key)?;
-        } else if unfiled.contains(&tables::key_hash(key)) {
-            expiry.remove((expires_at, tables::key_hash(key)))?;
+            continue;
+        }
+        let hash = tables::key_hash(key);
+        if unfiled.contains(&hash) {
+            expiry.remove((expires_at, hash))?;
         } else {
             tables::unindex(&mut expiry, &records, expires_at, key)?;
         }
