@@ -217,12 +217,27 @@ fn probe(
     })
 }
 
-/// The writable node's `synchronous_standby_names` after the fault: when read, and whether empty.
-type Readings = Arc<Mutex<Vec<(Duration, bool)>>>;
+/// The writable node after the fault, read on the test's own connections.
+#[derive(Clone, Copy, Debug)]
+struct Reading {
+    /// When, from the fault.
+    at: Duration,
+    /// Whether `synchronous_standby_names` was empty.
+    empty: bool,
+    /// Whether a standby streamed from it with `sync_state` `sync` or `quorum`.
+    streaming: bool,
+}
 
-/// Polls the writable node's `synchronous_standby_names` (a new connection each time, by
-/// the multi-host URL) from `fault` until `stop`, into `readings`: the window as the server had
-/// it.
+type Readings = Arc<Mutex<Vec<Reading>>>;
+
+/// One reading: the setting, and whether a synchronous standby streams.
+const SERVER_QUERY: &str = "SELECT current_setting('synchronous_standby_names'), \
+     EXISTS (SELECT 1 FROM pg_stat_replication \
+             WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))";
+
+/// Polls the writable node's `synchronous_standby_names` and its streaming standbys (a new
+/// connection each time, by the multi-host URL) from `fault` until `stop`, into `readings`: the
+/// window as the server had it.
 fn watch_server(
     url: String,
     fault: Instant,
@@ -232,11 +247,14 @@ fn watch_server(
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             if let Ok(mut client) = postgres::Client::connect(&url, postgres::NoTls)
-                && let Ok(row) = client.query_one("SHOW synchronous_standby_names", &[])
+                && let Ok(row) = client.query_one(SERVER_QUERY, &[])
             {
                 let names: String = row.get(0);
-                let reading = (fault.elapsed(), names.trim().is_empty());
-                readings.lock().unwrap().push(reading);
+                readings.lock().unwrap().push(Reading {
+                    at: fault.elapsed(),
+                    empty: names.trim().is_empty(),
+                    streaming: row.get(1),
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -244,8 +262,10 @@ fn watch_server(
 }
 
 /// Waits until the server has a synchronous standby again, read after `served`: the end of
-/// the window as Patroni makes it, which the store's report can follow only afterwards. False
-/// if that took longer than `limit`.
+/// the window as Patroni makes it, which the store's report can follow only afterwards. A name
+/// alone is not the end: a new leader can carry one for a second or two before Patroni finds
+/// that no standby streams from it and empties the setting, so the standby must be streaming
+/// too. False if that took longer than `limit`.
 fn await_server_safe(
     readings: &Readings,
     fault: Instant,
@@ -256,7 +276,7 @@ fn await_server_safe(
     let since = served.duration_since(fault);
     while Instant::now() < deadline {
         let last = readings.lock().unwrap().last().copied();
-        if last.is_some_and(|(at, empty)| at > since && !empty) {
+        if last.is_some_and(|r| r.at > since && !r.empty && r.streaming) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -283,16 +303,16 @@ fn window<T>(readings: &[T], at: impl Fn(&T) -> Duration, unsafe_: impl Fn(&T) -
 /// The strict store's claims that had to be refused: answered claims that started at least a
 /// check period after the server's first reading without a synchronous standby (by then the
 /// store reads it again on its next call) and ended by the last such reading of that run.
-fn due_refusals(server: &[(Duration, bool)], probes: &Strict) -> Vec<(Duration, Duration, bool)> {
-    let Some(first) = server.iter().position(|r| r.1) else {
+fn due_refusals(server: &[Reading], probes: &Strict) -> Vec<(Duration, Duration, bool)> {
+    let Some(first) = server.iter().position(|r| r.empty) else {
         return Vec::new();
     };
     let last = server[first..]
         .iter()
-        .take_while(|r| r.1)
+        .take_while(|r| r.empty)
         .last()
-        .map_or(server[first].0, |r| r.0);
-    let opened = server[first].0 + CHECK_PERIOD;
+        .map_or(server[first].at, |r| r.at);
+    let opened = server[first].at + CHECK_PERIOD;
     probes
         .answered
         .iter()
@@ -379,7 +399,7 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) -> bool {
         "patroni {run}: synchronous_standby_names empty on the leader {}; reported not \
          failover-safe by the store {}; the require_failover_safe store: {} claims refused, {} \
          acquired after the first refusal, {} other errors",
-        window(&server, |r| r.0, |r| r.1),
+        window(&server, |r| r.at, |r| r.empty),
         window(&seen, |s| s.at, |s| !s.safe),
         probes.refused.len(),
         probes
