@@ -17,7 +17,7 @@
 //! primary as not failover-safe in that window (`metrics()` and `stats()`), and as safe again
 //! once it has a synchronous standby. A second store with `require_failover_safe(true)` has
 //! its claims refused (not applied) in that window, and served after it. The store's "safe
-//! again" is awaited from the moment the server has its synchronous standby back (read by the
+//! again" is awaited from the moment the new leader has a synchronous standby (read by the
 //! test on its own connections), which after a leader's death may take Patroni a `pg_rewind` and
 //! a replication slot: if Patroni names none within two minutes the test fails with the
 //! members and their logs (`.ci/patroni-setup status`).
@@ -41,8 +41,8 @@ use crate::failover_load::{self, Load, builder, check, fingerprint};
 const WARM_UP: Duration = Duration::from_secs(3);
 /// The longest the test waits for writes to be served again.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
-/// The longest the test waits, after that, for Patroni to name a synchronous standby on the new
-/// leader: one streaming from it, which after a leader's death may first need `pg_rewind`.
+/// The longest the test waits, from the fault, for Patroni to name a synchronous standby on the
+/// new leader: one streaming from it, which after a leader's death may first need `pg_rewind`.
 const SERVER_SYNC_LIMIT: Duration = Duration::from_secs(120);
 /// The longest the test waits, after that, for the store to report the new primary safe.
 const SAFE_AGAIN_LIMIT: Duration = Duration::from_secs(30);
@@ -222,6 +222,8 @@ fn probe(
 struct Reading {
     /// When, from the fault.
     at: Duration,
+    /// The node's port: which member answered.
+    port: i32,
     /// Whether `synchronous_standby_names` was empty.
     empty: bool,
     /// Whether a standby streamed from it with `sync_state` `sync` or `quorum`.
@@ -230,10 +232,20 @@ struct Reading {
 
 type Readings = Arc<Mutex<Vec<Reading>>>;
 
-/// One reading: the setting, and whether a synchronous standby streams.
+/// One reading: the setting, whether a synchronous standby streams, and the node's port.
 const SERVER_QUERY: &str = "SELECT current_setting('synchronous_standby_names'), \
      EXISTS (SELECT 1 FROM pg_stat_replication \
-             WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))";
+             WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')), \
+     inet_server_port()";
+
+/// The port of the writable node `url` reaches now.
+fn leader_port(url: &str) -> i32 {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).expect("the leader");
+    client
+        .query_one("SELECT inet_server_port()", &[])
+        .expect("its port")
+        .get(0)
+}
 
 /// Polls the writable node's `synchronous_standby_names` and its streaming standbys (a new
 /// connection each time, by the multi-host URL) from `fault` until `stop`, into `readings`: the
@@ -254,6 +266,7 @@ fn watch_server(
                     at: fault.elapsed(),
                     empty: names.trim().is_empty(),
                     streaming: row.get(1),
+                    port: row.get(2),
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -261,22 +274,18 @@ fn watch_server(
     })
 }
 
-/// Waits until the server has a synchronous standby again, read after `served`: the end of
-/// the window as Patroni makes it, which the store's report can follow only afterwards. A name
-/// alone is not the end: a new leader can carry one for a second or two before Patroni finds
-/// that no standby streams from it and empties the setting, so the standby must be streaming
-/// too. False if that took longer than `limit`.
-fn await_server_safe(
-    readings: &Readings,
-    fault: Instant,
-    served: Instant,
-    limit: Duration,
-) -> bool {
+/// Waits until the new leader (any node but `old_leader`) has a synchronous standby: the end
+/// of the window as Patroni makes it, which the store's report can follow only afterwards.
+/// Readings from the old leader do not count: it serves writes, with its standby, until the
+/// fault lands, and the watcher's last reading stays one of those while no node accepts
+/// connections. A name alone is not the end either: a new leader can carry one for a second or
+/// two before Patroni finds that no standby streams from it and empties the setting, so the
+/// standby must be streaming too. False if that took longer than `limit`.
+fn await_server_safe(readings: &Readings, old_leader: i32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
-    let since = served.duration_since(fault);
     while Instant::now() < deadline {
         let last = readings.lock().unwrap().last().copied();
-        if last.is_some_and(|r| r.at > since && !r.empty && r.streaming) {
+        if last.is_some_and(|r| r.port != old_leader && !r.empty && r.streaming) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -347,6 +356,7 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) -> bool {
     let run = format!("{via}-{fault:?}");
     let load = Load::start(store, &run);
     std::thread::sleep(WARM_UP);
+    let old_leader = leader_port(&cluster.multi_host_url());
     let stop = Arc::new(AtomicBool::new(false));
     let at = Instant::now();
     let observer = observe(load.store.clone(), at, stop.clone());
@@ -362,7 +372,7 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) -> bool {
     };
     let served = load.await_write_after(at, RECOVERY_LIMIT);
     let server_safe =
-        served.is_some_and(|served| await_server_safe(&readings, at, served, SERVER_SYNC_LIMIT));
+        served.is_some() && await_server_safe(&readings, old_leader, SERVER_SYNC_LIMIT);
     let status = if server_safe {
         String::new()
     } else {
@@ -416,8 +426,9 @@ fn case(cluster: &Cluster, url: &str, via: &str, fault: Fault) -> bool {
     );
     assert!(
         server_safe,
-        "Patroni named no synchronous standby within {SERVER_SYNC_LIMIT:?} of the first write \
-         on the new leader (the cluster's doing, not the store's):\n{status}"
+        "Patroni named no synchronous standby on a new leader within {SERVER_SYNC_LIMIT:?} of \
+         the fault (the cluster's doing, not the store's); the last reading {:?}:\n{status}",
+        server.last()
     );
     assert!(figures.claims_acked > 1000, "{figures:?}");
     assert_eq!(figures.lost_claims, 0, "{figures:?}");
